@@ -1,0 +1,1 @@
+"""Studies and the command line: `python -m experiments <command> [options]`."""

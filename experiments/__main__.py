@@ -1,0 +1,98 @@
+"""`python -m experiments <command>`: parse, set up devices, dispatch. Intentionally short;
+the work lives in importable functions (`jaxpar.train.train`, `jaxpar.bench.benchmark`, ...).
+
+    python -m experiments train --model cnn --epochs 3 --out results/run1
+    python -m experiments bench --model mlp --batch-size 128
+    python -m experiments prepare-data --dataset fashion_mnist
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from experiments.cli import build_parser, config_from_args
+
+
+def _bench_flags(p):
+    p.add_argument("--iters", type=int, default=20, help="timed steps (default: 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
+
+
+COMMANDS = {
+    "train": {"help": "train one model with one strategy; writes OUT/result.json"},
+    "bench": {"help": "time one strategy's training step (synthetic batches); prints and "
+                      "optionally writes OUT/result.json",
+              "defaults": {"dataset": "synthetic"}, "extra": _bench_flags},
+    "prepare-data": {"help": "prepare a dataset ahead of time (for offline machines and clusters)",
+                     "config": {"dataset", "data_dir", "cache_dir"}},
+}
+
+# Errors a user can fix: print the message alone (no traceback) and exit non-zero.
+EXIT_USAGE = 2
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from jaxpar.idx import DataError
+    from jaxpar.mesh import MeshError
+    from jaxpar.results import ResultsError
+    from jaxpar.train import ConfigError
+
+    return (DataError, MeshError, ResultsError, ConfigError, ValueError)
+
+
+def run(argv: list[str]) -> int:
+    args = build_parser(COMMANDS).parse_args(argv)
+    config = config_from_args(args)
+    from rich.console import Console
+
+    console = Console(stderr=False)
+    try:
+        return _dispatch(args, config, console)
+    except _user_errors() as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _dispatch(args, config, console) -> int:
+    from jaxpar import results
+    from jaxpar.mesh import simulate_cpu_devices
+
+    if args.command == "prepare-data":
+        from jaxpar import data, tfds_idx
+
+        if config.data.dataset == "synthetic":
+            raise ValueError("--dataset synthetic is generated on the fly; nothing to prepare")
+        start = time.perf_counter()
+        tfds_idx.prepare(config.data.dataset, config.data.data_dir, data.cache_dir(config.data))
+        console.print(f"{config.data.dataset} ready in {data.cache_dir(config.data)} "
+                      f"({time.perf_counter() - start:.1f} s)")
+        return 0
+
+    out = config.out
+    if args.command == "train" and out is None:
+        out = f"results/{config.model.model}-{config.parallel.strategy}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out is not None:
+        results.ensure_writable(out)  # fail before the work, not after it
+    simulate_cpu_devices(config.parallel.devices)  # before JAX's backend starts
+
+    if args.command == "train":
+        from jaxpar.train import train
+
+        result = train(config, console=console)
+    else:
+        from jaxpar.bench import benchmark, report
+
+        result = benchmark(config, iters=args.iters, warmup=args.warmup)
+        console.print(report(result))
+    if out is not None:
+        console.print(f"wrote {results.save(result, out)}")
+    return 0
+
+
+def main() -> None:
+    sys.exit(run(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Benchmark one strategy's training step: steady-state time, images/s, compile time,
+achieved FLOP/s against a measured matmul peak, collective bytes and memory per device.
+
+    python -m experiments bench --model cnn --batch-size 128 --strategy single
+
+Batches are synthetic (same shapes as the real data): the step's cost does not depend on
+pixel values, and a benchmark should not wait on data preparation.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+
+from jaxpar import data as datalib
+from jaxpar import profile
+from jaxpar.config import TrainConfig, to_dict
+from jaxpar.optim import make_optimizer
+from jaxpar.results import RunResult, environment
+from jaxpar.train import build_model, make_strategy
+
+
+def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3) -> RunResult:
+    """Time `iters` steps of `config`'s strategy (each waited for) after `warmup` steps."""
+    wall_start = time.perf_counter()
+    strategy = make_strategy(config)
+    mesh = strategy.make_mesh(jax.devices())
+    batch_size = config.data.batch_size
+    datalib.check_batch_size(batch_size, batch_size, "benchmark")
+    images, labels = datalib.synthetic(batch_size, seed=0)
+    host_batch = {"image": images, "label": labels, "weight": np.ones(batch_size, np.float32)}
+    tx = make_optimizer(config.optim, total_steps=warmup + iters + 1)
+    state = strategy.init(build_model(config), tx, mesh)
+    batch = strategy.place_batch(host_batch)
+    compiled, compile_s = strategy.compile("step", state, batch)
+    stats = profile.program_stats(compiled)
+
+    holder = {"state": state}
+
+    def one_step():
+        holder["state"], sums = strategy.step(holder["state"], batch)
+        return sums
+
+    times = profile.time_calls(one_step, iters, warmup=warmup)
+    median_s = sorted(times)[len(times) // 2]
+    devices = list(mesh.devices.flat)
+    peak = profile.matmul_peak(devices)
+    # XLA's cost analysis of an SPMD program is per device; the step runs on all of them.
+    flops = stats["flops"] * (len(devices) if len(devices) > 1 else 1)
+    achieved = flops / median_s / 1e9
+    metrics = {
+        "step_time_ms_median": 1000 * median_s,
+        "step_time_ms_min": 1000 * min(times),
+        "step_time_ms_max": 1000 * max(times),
+        "images_per_sec": batch_size / median_s,
+        "compile_s": compile_s,
+        "flops_per_step": flops,
+        "achieved_gflops": achieved,
+        "matmul_peak_gflops": peak["gflops"],
+        "percent_of_peak": 100 * achieved / peak["gflops"],
+        "flops_loop_bodies_once": stats["has_loops"],
+        "collective_bytes_per_step": stats["collective_bytes"].get("total", 0),
+        "collective_bytes_by_op": stats["collective_bytes"],
+        "memory_per_device": stats["memory"],
+        "iters": iters,
+        "wall_s": time.perf_counter() - wall_start,
+    }
+    return RunResult(kind="bench", config=to_dict(config), env=environment(), metrics=metrics,
+                     strategy=strategy.describe())
+
+
+def report(result: RunResult) -> str:
+    """A few human lines for the terminal."""
+    m, env = result.metrics, result.env
+    return "\n".join([
+        f"{result.config['model']['model']} / {result.strategy.get('strategy')} / batch "
+        f"{result.config['data']['batch_size']} on {env['device_count']} x {env['device_kind']} "
+        f"({env['backend']}, {env['cpu_cores']} cores, threads: {env['threads']})",
+        f"  median step      {m['step_time_ms_median']:.2f} ms  (min {m['step_time_ms_min']:.2f}, "
+        f"max {m['step_time_ms_max']:.2f}, {m['iters']} steps)",
+        f"  images/s         {m['images_per_sec']:,.0f}",
+        f"  compile          {m['compile_s']:.2f} s",
+        f"  achieved         {m['achieved_gflops']:.1f} GFLOP/s = {m['percent_of_peak']:.1f}% of "
+        f"a measured f32 matmul peak of {m['matmul_peak_gflops']:.1f} GFLOP/s",
+        f"  collective bytes {m['collective_bytes_per_step']:,} per step",
+        f"  memory/device    args {m['memory_per_device']['argument_bytes']:,} B, temp "
+        f"{m['memory_per_device']['temp_bytes']:,} B",
+    ])

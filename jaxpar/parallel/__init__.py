@@ -1,0 +1,11 @@
+"""Strategies: how one training step is placed on devices. One module each, one interface
+(`base.Strategy`), one plain registry; the CLI's `--strategy` choices come from it."""
+
+from jaxpar.parallel.base import Strategy
+from jaxpar.parallel.single import Single
+
+STRATEGIES: dict[str, type[Strategy]] = {
+    "single": Single,
+}
+
+__all__ = ["STRATEGIES", "Strategy"]

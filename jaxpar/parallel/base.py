@@ -1,0 +1,105 @@
+"""The strategy interface (DESIGN.md): how one training step is placed on a device mesh.
+
+    strategy = STRATEGIES[name](config)
+    mesh = strategy.make_mesh(jax.devices())
+    state = strategy.init(model, tx, mesh)          # placed: replicated, sharded or staged
+    state, sums = strategy.step(state, strategy.place_batch(batch))
+    params = strategy.to_reference(state)           # single-device layout
+
+A strategy owns placement and how gradients are combined; the loss, the optimizer update and
+the metrics come from `jaxpar.step` unchanged.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxpar import mesh as meshlib
+from jaxpar.config import TrainConfig
+from jaxpar.step import Params, TrainState
+
+
+class Strategy:
+    """Base class: subclasses set `name`, `default_axes` and implement the abstract methods."""
+
+    name: str = ""
+    default_axes: dict[str, int] = {meshlib.DATA: -1}
+    # True when a step runs cross-device collectives: the CPU loop then keeps one step in
+    # flight (XLA's in-process all-reduce deadlocks when collective steps queue up).
+    uses_collectives: bool = False
+
+    def __init__(self, config: TrainConfig):
+        self.config = config
+        self.mesh = None
+        self.graphdef: nnx.GraphDef | None = None
+        self.tx: optax.GradientTransformation | None = None
+        self.trace_counts: collections.Counter[str] = collections.Counter()
+        self.compiled: dict[str, Any] = {}  # program name -> AOT-compiled executable
+
+    # --- placement -------------------------------------------------------------------------
+    def make_mesh(self, devices) -> jax.sharding.Mesh:
+        """The mesh from `--mesh` (or `default_axes`) over `devices`."""
+        axes = meshlib.parse_mesh(self.config.parallel.mesh) or dict(self.default_axes)
+        return meshlib.make_mesh(axes, devices)
+
+    def init(self, model: nnx.Module, tx: optax.GradientTransformation, mesh) -> TrainState:
+        raise NotImplementedError
+
+    def place_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        raise NotImplementedError
+
+    # --- programs --------------------------------------------------------------------------
+    def step(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+        """One optimizer step; returns the new state and global metric sums."""
+        return self._call("step", state, batch)
+
+    def eval_step(self, state: TrainState, batch: dict) -> dict:
+        """Global metric sums of one evaluation batch."""
+        return self._call("eval_step", state, batch)
+
+    def gradients(self, state: TrainState, batch: dict) -> Params:
+        """Gradients of the global-batch loss, in the reference layout (for equivalence tests)."""
+        return self._call("gradients", state, batch)
+
+    def to_reference(self, state: TrainState) -> Params:
+        """Parameters as the single-device run holds them (unsharded, unstacked) on host."""
+        return jax.device_get(state.params)
+
+    def describe(self) -> dict:
+        """Mesh shape, axis use, etc. for results JSON."""
+        shape = meshlib.mesh_shape(self.mesh) if self.mesh is not None else {}
+        return {"strategy": self.name, "mesh": shape, "devices": int(np.prod(list(shape.values()) or [1]))}
+
+    # --- helpers for subclasses ------------------------------------------------------------
+    def _register(self, name: str, fn: Callable, **jit_kwargs) -> None:
+        """jit `fn` under `name`, counting traces (a compiled step must not retrace)."""
+
+        @functools.wraps(fn)
+        def counted(*args, **kwargs):
+            self.trace_counts[name] += 1
+            return fn(*args, **kwargs)
+
+        setattr(self, f"_jit_{name}", jax.jit(counted, **jit_kwargs))
+
+    def _call(self, name: str, *args):
+        program = self.compiled.get(name) or getattr(self, f"_jit_{name}")
+        return program(*args)
+
+    def compile(self, name: str, *args) -> tuple[Any, float]:
+        """AOT-compile program `name` for these arguments; later calls use the executable.
+
+        Returns (compiled executable, seconds spent lowering and compiling).
+        """
+        start = time.perf_counter()
+        compiled = getattr(self, f"_jit_{name}").lower(*args).compile()
+        seconds = time.perf_counter() - start
+        self.compiled[name] = compiled
+        return compiled, seconds

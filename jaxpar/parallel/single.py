@@ -1,0 +1,45 @@
+"""`single`: the whole step on one device with plain `jit` — the reference every strategy
+is tested against."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import optax
+from flax import nnx
+
+from jaxpar import mesh as meshlib
+from jaxpar import step as steplib
+from jaxpar.parallel.base import Strategy
+
+
+class Single(Strategy):
+    name = "single"
+    default_axes = {meshlib.DATA: 1}
+
+    def make_mesh(self, devices):
+        axes = meshlib.parse_mesh(self.config.parallel.mesh)
+        if any(size not in (1, -1) for size in axes.values()):
+            raise meshlib.MeshError(
+                f"--strategy single runs on one device; drop --mesh {self.config.parallel.mesh!r} "
+                "or pick a parallel --strategy")
+        return meshlib.make_mesh({meshlib.DATA: 1}, list(devices)[:1])
+
+    def init(self, model: nnx.Module, tx: optax.GradientTransformation, mesh):
+        self.mesh, self.tx = mesh, tx
+        self.device = mesh.devices.flat[0]
+        self.graphdef, params, model_state = steplib.split_model(model)
+        state = jax.device_put(steplib.init_state(params, model_state, tx), self.device)
+        self._register("step", functools.partial(steplib.train_step, self.graphdef, tx),
+                       donate_argnums=0)
+        self._register("eval_step", functools.partial(steplib.eval_step, self.graphdef))
+        self._register("gradients", self._gradients)
+        return state
+
+    def _gradients(self, state, batch):
+        grads, _ = steplib.grad_fn(state.params, self.graphdef, state.model_state, batch)
+        return grads
+
+    def place_batch(self, batch):
+        return jax.device_put(batch, self.device)

@@ -1,0 +1,158 @@
+"""Results as versioned JSON: `RunResult` (schema_version, config, env, metrics) <-> file.
+
+Every number in README and figures comes from one of these files, and `env` records the
+machine behind it (DESIGN.md invariant 3). Files are written atomically: a reader sees the
+old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+RESULT_FILE = "result.json"
+
+
+class ResultsError(Exception):
+    """Results cannot be written or read; the message names the fix."""
+
+
+@dataclass
+class RunResult:
+    kind: str                      # "train", "bench", or a study name
+    config: dict[str, Any]
+    env: dict[str, Any]
+    metrics: dict[str, Any]
+    strategy: dict[str, Any] = field(default_factory=dict)  # Strategy.describe()
+    history: list[dict[str, Any]] = field(default_factory=list)  # per-evaluation records
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=False, default=_jsonable)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunResult":
+        d = json.loads(text)
+        if d.get("schema_version") != SCHEMA_VERSION:
+            raise ResultsError(
+                f"results schema_version {d.get('schema_version')} is not {SCHEMA_VERSION}; "
+                "re-run the experiment that wrote it")
+        return cls(**d)
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "item"):  # numpy / jax scalars
+        return x.item()
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def ensure_writable(directory: str | os.PathLike) -> Path:
+    """Create `directory` and prove a file can be written there, before any work is done."""
+    path = Path(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-"):
+            pass
+    except OSError as e:
+        raise ResultsError(
+            f"cannot write results to {str(path)!r} ({e.strerror or e}); pass --out with a "
+            "folder you can write to") from e
+    return path
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write `text` to `path` via a temporary file in the same folder and a rename."""
+    path = Path(path)
+    ensure_writable(path.parent)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def save(result: RunResult, out_dir: str | os.PathLike) -> Path:
+    """Write `out_dir/result.json` atomically; returns its path."""
+    return write_atomic(Path(out_dir) / RESULT_FILE, result.to_json() + "\n")
+
+
+def load(path: str | os.PathLike) -> RunResult:
+    """Read a result file (or `DIR/result.json`)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULT_FILE
+    try:
+        return RunResult.from_json(path.read_text())
+    except (OSError, json.JSONDecodeError, TypeError) as e:
+        raise ResultsError(f"cannot read results {str(path)!r}: {e}") from e
+
+
+def git_revision() -> str:
+    """The repo's HEAD commit (with '+dirty' if files changed), or 'unknown'."""
+    here = Path(__file__).resolve().parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                             text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (rev + ("+dirty" if dirty else "")) if rev else "unknown"
+
+
+def environment() -> dict[str, Any]:
+    """The machine and software behind a result (device kind and count, processes, cores)."""
+    import flax
+    import jax
+    import optax
+
+    devices = jax.devices()
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = os.cpu_count()
+    return {
+        "jax": jax.__version__,
+        "flax": flax.__version__,
+        "optax": optax.__version__,
+        "python": sys.version.split()[0],
+        "backend": jax.default_backend(),
+        "device_kind": devices[0].device_kind,
+        "device_count": len(devices),
+        "local_device_count": jax.local_device_count(),
+        "process_count": jax.process_count(),
+        "cpu_cores": os.cpu_count(),
+        "cores_available": affinity,
+        "threads": threads_setting(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "git_revision": git_revision(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def threads_setting() -> str:
+    """How many threads XLA's CPU backend may use, as far as the environment says."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_multi_thread_eigen=false" in flags:
+        return "1 (xla_cpu_multi_thread_eigen=false)"
+    return f"default (up to {os.cpu_count()} cores shared by all simulated devices)"

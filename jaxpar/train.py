@@ -1,0 +1,180 @@
+"""The training loop: batches -> strategy.step -> evaluation -> RunResult.
+
+One loop for every strategy. It validates each epoch (or every `--eval-every` steps), tests
+at the end, shows a rich progress bar and returns a `RunResult` for `results.save`.
+
+    python -m experiments train --model cnn --epochs 3 --out results/run1
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from jaxpar import data as datalib
+from jaxpar import profile
+from jaxpar.config import TrainConfig, to_dict
+from jaxpar.models import make_model
+from jaxpar.optim import make_optimizer
+from jaxpar.parallel import STRATEGIES
+from jaxpar.results import RunResult, environment
+from jaxpar.step import summarize
+
+
+class ConfigError(ValueError):
+    """An option value that cannot work; the message names the option."""
+
+
+def make_strategy(config: TrainConfig):
+    name = config.parallel.strategy
+    if name not in STRATEGIES:
+        raise ConfigError(f"unknown --strategy {name!r}; choices: {', '.join(STRATEGIES)}")
+    return STRATEGIES[name](config)
+
+
+def build_model(config: TrainConfig):
+    m = config.model
+    return make_model(m.model, seed=config.seed, depth=m.depth, width=m.width,
+                      activation=m.activation, batch_norm=m.batch_norm)
+
+
+def evaluate(strategy, state, split, batch_size: int) -> dict[str, float]:
+    """Loss and accuracy over a whole split (padding rows carry weight 0)."""
+    totals: dict[str, float] = {}
+    for batch in datalib.eval_batches(split, batch_size):
+        sums = jax.device_get(strategy.eval_step(state, strategy.place_batch(batch)))
+        for k, v in sums.items():
+            totals[k] = totals.get(k, 0.0) + float(v)
+    return summarize(totals)
+
+
+def _progress(enabled: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("[bold]epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("loss {task.fields[loss]:.4f}  acc {task.fields[acc]:.3f}  "
+                               "{task.fields[ips]:,.0f} img/s"),
+                    TimeRemainingColumn(), disable=not enabled, transient=False)
+
+
+@dataclass
+class Outcome:
+    result: RunResult
+    strategy: Any   # the Strategy that ran, for `to_reference` and checkpoints
+    state: Any      # its final TrainState (placed on devices)
+
+
+def train(config: TrainConfig, console=None) -> RunResult:
+    """Train `config` to the end and return its result (not yet written to disk)."""
+    return fit(config, console).result
+
+
+def fit(config: TrainConfig, console=None) -> Outcome:
+    """Train `config` to the end; the result plus the final state and strategy.
+
+    Args:
+      config: the run; `config.parallel.devices` must already have been applied
+        (`mesh.simulate_cpu_devices`) before JAX started.
+      console: a rich Console for epoch lines (None: quiet).
+    """
+    wall_start = time.perf_counter()
+    strategy = make_strategy(config)
+    splits = datalib.load(config.data, config.seed)
+    mesh = strategy.make_mesh(jax.devices())
+    batch_size = config.data.batch_size
+    per_epoch = datalib.steps_per_epoch(len(splits.train[1]), batch_size)
+    total_steps = config.steps if config.steps is not None else config.epochs * per_epoch
+    if total_steps < 1:
+        raise ConfigError("--epochs and --steps must give at least one step")
+    epochs = math.ceil(total_steps / per_epoch)
+    tx = make_optimizer(config.optim, total_steps)
+    state = strategy.init(build_model(config), tx, mesh)
+
+    first = strategy.place_batch(next(datalib.train_batches(splits.train, batch_size, config.seed, 0)))
+    compiled, compile_s = strategy.compile("step", state, first)
+    stats = profile.program_stats(compiled)
+    eval_bs = min(config.data.eval_batch_size, len(splits.test[1]))
+    eval_example = strategy.place_batch(next(datalib.eval_batches(splits.test, eval_bs)))
+    _, eval_compile_s = strategy.compile("eval_step", state, eval_example)
+    del first, eval_example
+
+    # One step in flight on CPU: XLA's in-process collectives deadlock when steps queue up
+    # (DEVELOPERS.md); elsewhere wait only every few steps so the host runs ahead.
+    sync_every = 1 if jax.default_backend() == "cpu" else 10
+    step_times: list[float] = []
+    history: list[dict[str, Any]] = []
+    running = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
+    step, train_s = 0, 0.0
+    last = {"loss": float("nan"), "accuracy": float("nan")}
+
+    def validate(epoch: int) -> None:
+        if splits.val is None:
+            return
+        val = evaluate(strategy, state, splits.val, eval_bs)
+        record = {"step": step, "epoch": epoch, "train_loss": last["loss"],
+                  "train_accuracy": last["accuracy"], "val_loss": val["loss"],
+                  "val_accuracy": val["accuracy"], "train_s": train_s}
+        history.append(record)
+        if console is not None:
+            console.print(f"epoch {epoch + 1:>3}  step {step:>6}  train loss {last['loss']:.4f}  "
+                          f"val loss {val['loss']:.4f}  val acc {val['accuracy']:.4f}")
+
+    with _progress(config.progress and console is not None) as bar:
+        task = bar.add_task("train", total=total_steps, epoch=1, loss=float("nan"), acc=0.0, ips=0.0)
+        for epoch in range(epochs):
+            for batch in datalib.train_batches(splits.train, batch_size, config.seed, epoch):
+                t0 = time.perf_counter()
+                state, sums = strategy.step(state, strategy.place_batch(batch))
+                step += 1
+                if step % sync_every == 0 or step == total_steps:
+                    sums = jax.device_get(sums)
+                    for k in running:
+                        running[k] += float(sums[k])
+                    dt = time.perf_counter() - t0
+                    step_times.append(dt / (sync_every if sync_every > 1 else 1))
+                    train_s += dt
+                    last = summarize(running)
+                    ips = batch_size / statistics.median(step_times[-50:])
+                    bar.update(task, completed=step, epoch=epoch + 1, loss=last["loss"],
+                               acc=last["accuracy"], ips=ips)
+                if config.eval_every and step % config.eval_every == 0:
+                    validate(epoch)
+                if step >= total_steps:
+                    break
+            if not config.eval_every:
+                validate(epoch)
+            running = {k: 0.0 for k in running}
+            if step >= total_steps:
+                break
+
+    test = evaluate(strategy, state, splits.test, eval_bs)
+    median_s = statistics.median(step_times) if step_times else float("nan")
+    metrics = {
+        "test_accuracy": test["accuracy"],
+        "test_loss": test["loss"],
+        "val_accuracy": history[-1]["val_accuracy"] if history else None,
+        "val_loss": history[-1]["val_loss"] if history else None,
+        "final_loss": last["loss"],
+        "steps": step,
+        "epochs": step / per_epoch,
+        "compile_s": compile_s,
+        "eval_compile_s": eval_compile_s,
+        "step_time_ms_median": 1000 * median_s,
+        "images_per_sec": batch_size / median_s,
+        "train_s": train_s,
+        "wall_s": time.perf_counter() - wall_start,
+        "flops_per_step": stats["flops"],
+        "collective_bytes_per_step": stats["collective_bytes"].get("total", 0),
+        "memory_per_device": stats["memory"],
+    }
+    if console is not None:
+        console.print(f"test accuracy {test['accuracy']:.4f}  test loss {test['loss']:.4f}  "
+                      f"({step} steps, {metrics['wall_s']:.0f} s)")
+    result = RunResult(kind="train", config=to_dict(config), env=environment(), metrics=metrics,
+                       strategy=strategy.describe(), history=history)
+    return Outcome(result, strategy, state)

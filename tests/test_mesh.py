@@ -1,0 +1,38 @@
+"""Mesh parsing and construction; errors name --mesh / --devices."""
+
+import jax
+import pytest
+
+from jaxpar import mesh
+from jaxpar.mesh import DATA, STAGE, TENSOR, MeshError
+
+
+def test_parse_and_resolve():
+    assert mesh.parse_mesh("data=2,tensor=2") == {DATA: 2, TENSOR: 2}
+    assert mesh.parse_mesh("") == {}
+    assert mesh.resolve_axes({DATA: -1, TENSOR: 2}, 8) == {DATA: 4, TENSOR: 2}
+
+
+def test_make_mesh_shapes():
+    m = mesh.make_mesh({DATA: 2, TENSOR: 2, STAGE: 2})
+    assert mesh.mesh_shape(m) == {DATA: 2, TENSOR: 2, STAGE: 2}
+    m = mesh.make_mesh({DATA: -1}, jax.devices()[:4])
+    assert mesh.mesh_shape(m) == {DATA: 4}
+
+
+@pytest.mark.parametrize("spec", ["batch=2", "data", "data=x", "data=0"])
+def test_bad_spec_names_mesh(spec):
+    with pytest.raises(MeshError, match="--mesh"):
+        mesh.parse_mesh(spec)
+
+
+def test_mesh_larger_than_devices_names_devices():
+    with pytest.raises(MeshError, match="--devices 16"):
+        mesh.make_mesh({DATA: 16}, jax.devices()[:8])
+
+
+def test_axes_that_do_not_multiply_to_device_count():
+    with pytest.raises(MeshError, match="--devices|--mesh"):
+        mesh.make_mesh({DATA: 3}, jax.devices()[:8])
+    with pytest.raises(MeshError, match="--mesh"):
+        mesh.make_mesh({DATA: -1, TENSOR: 3}, jax.devices()[:8])
