@@ -18,7 +18,8 @@ def _choices() -> dict[str, tuple[str, ...]]:
     from jaxpar.parallel import STRATEGIES
 
     return {"dataset": DATASETS, "model": tuple(MODELS), "strategy": tuple(STRATEGIES),
-            "optimizer": OPTIMIZERS, "schedule": SCHEDULES, "activation": ACTIVATIONS}
+            "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES, "activation": ACTIVATIONS,
+            "schedule": ("gpipe", "1f1b")}
 
 
 _TYPES = {"int": int, "float": float, "str": str}

@@ -43,8 +43,8 @@ class OptimConfig:
     optimizer: str = _opt("adam", "sgd | momentum | adam")
     lr: float = _opt(1e-3, "peak learning rate")
     momentum: float = _opt(0.9, "momentum (optimizer=momentum), b1 for adam is optax's default")
-    schedule: str = _opt("cosine", "constant | cosine (decay to 0 over the run) | warmup-cosine")
-    warmup_steps: int = _opt(0, "linear warm-up steps (schedule=warmup-cosine)")
+    lr_schedule: str = _opt("cosine", "constant | cosine (decay to 0 over the run) | warmup-cosine")
+    warmup_steps: int = _opt(0, "linear warm-up steps (lr-schedule=warmup-cosine)")
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,11 @@ class ParallelConfig:
     strategy: str = _opt("single", "how one step is placed on devices (see `--help` for choices)")
     devices: int | None = _opt(None, "simulate this many XLA CPU devices (default: the devices present)")
     mesh: str = _opt("", "axis sizes, e.g. data=2,tensor=2 (-1 = the rest); default: every device on the strategy's axis")
+    accumulate: int = _opt(1, "gradient accumulation: split each global batch into K sequential chunks (data-parallel strategies)")
+    sync_every: int = _opt(1, "local-sgd: local steps between parameter averages")
+    microbatches: int = _opt(4, "pipeline: micro-batches per global batch (M)")
+    schedule: str = _opt("gpipe", "pipeline schedule: gpipe (fill-drain) | 1f1b")
+    remat: bool = _opt(False, "pipeline: recompute stage activations in the backward pass")
 
 
 @dataclass(frozen=True)

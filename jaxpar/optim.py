@@ -13,18 +13,18 @@ SCHEDULES = ("constant", "cosine", "warmup-cosine")
 def make_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
     """Learning rate per step. Cosine decays to 0 at `total_steps` (the end of the run)."""
     total_steps = max(int(total_steps), 1)
-    if cfg.schedule == "constant":
+    if cfg.lr_schedule == "constant":
         return optax.constant_schedule(cfg.lr)
-    if cfg.schedule == "cosine":
+    if cfg.lr_schedule == "cosine":
         return optax.cosine_decay_schedule(cfg.lr, total_steps)
-    if cfg.schedule == "warmup-cosine":
+    if cfg.lr_schedule == "warmup-cosine":
         warmup = min(cfg.warmup_steps, total_steps - 1)
         return optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, total_steps)
-    raise ValueError(f"unknown --schedule {cfg.schedule!r}; choices: {', '.join(SCHEDULES)}")
+    raise ValueError(f"unknown --lr-schedule {cfg.lr_schedule!r}; choices: {', '.join(SCHEDULES)}")
 
 
 def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
-    """The optax transformation for `--optimizer` with `--schedule` over `total_steps`."""
+    """The optax transformation for `--optimizer` with `--lr-schedule` over `total_steps`."""
     lr = make_schedule(cfg, total_steps)
     if cfg.optimizer == "sgd":
         return optax.sgd(lr)

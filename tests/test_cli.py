@@ -90,7 +90,7 @@ def test_help_explains_every_option(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     for flag in ("--dataset", "--data-dir", "--model", "--strategy", "--devices", "--mesh",
-                 "--optimizer", "--lr", "--schedule", "--batch-size", "--epochs", "--steps",
+                 "--optimizer", "--lr", "--lr-schedule", "--batch-size", "--epochs", "--steps",
                  "--seed", "--out"):
         assert flag in out
 

@@ -51,5 +51,5 @@ def test_steps_override_epochs():
 
 def test_every_optimizer_and_schedule_runs():
     for opt, sched in [("sgd", "constant"), ("momentum", "cosine"), ("adam", "warmup-cosine")]:
-        out = fit(tiny(steps=5, optimizer=opt, schedule=sched, warmup_steps=2, lr=0.05))
+        out = fit(tiny(steps=5, optimizer=opt, lr_schedule=sched, warmup_steps=2, lr=0.05))
         assert np.isfinite(out.result.metrics["final_loss"]), (opt, sched)
