@@ -71,7 +71,18 @@ class Strategy:
 
     def to_reference(self, state: TrainState) -> Params:
         """Parameters as the single-device run holds them (unsharded, unstacked) on host."""
-        return jax.device_get(state.params)
+        return self.state_to_reference(state).params
+
+    def state_to_reference(self, state: TrainState) -> TrainState:
+        """The whole state (parameters, optimizer state, step) in the single-device layout, on
+        host: what checkpoints hold, so a run can move between strategies and meshes.
+        Strategies that shard or stack state override this."""
+        return jax.device_get(state)
+
+    def state_from_reference(self, ref: TrainState) -> TrainState:
+        """Inverse of `state_to_reference`: place a reference-layout state for this strategy.
+        Call after `init` (which fixes the mesh and programs)."""
+        raise NotImplementedError
 
     def describe(self) -> dict:
         """Mesh shape, axis use, etc. for results JSON."""

@@ -41,5 +41,8 @@ class Single(Strategy):
         grads, _ = steplib.grad_fn(state.params, self.graphdef, state.model_state, batch)
         return grads
 
+    def state_from_reference(self, ref):
+        return jax.device_put(ref, self.device)
+
     def place_batch(self, batch):
         return jax.device_put(batch, self.device)
