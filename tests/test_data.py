@@ -77,6 +77,7 @@ def test_each_data_dir_gets_its_own_prepared_copy(tmp_path):
     got = []
     for name, seed in (("a", 0), ("b", 1)):
         folder = tmp_path / name
+        folder.mkdir()
         rng = np.random.default_rng(seed)
         for split, n in (("train", 40), ("t10k", 10)):
             idx.write_idx(folder / f"{split}-images-idx3-ubyte",
