@@ -49,7 +49,7 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    strategy: str = _opt("single", "how one step is placed on devices (see `--help` for choices)")
+    strategy: str = _opt("single", "how one step is placed on devices (default: single, one device)")
     devices: int | None = _opt(None, "simulate this many XLA CPU devices (default: the devices present)")
     mesh: str = _opt("", "axis sizes, e.g. data=2,tensor=2 (-1 = the rest); default: every device on the strategy's axis")
     accumulate: int = _opt(1, "gradient accumulation: split each global batch into K sequential chunks (data-parallel strategies)")
