@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class ConfigError(ValueError):
+    """An option value that cannot work; the message names the option to change."""
+
+
 def _opt(default: Any, help: str, **extra: Any) -> Any:
     """A dataclass field with CLI help (and optionally `choices`) in its metadata."""
     return field(default=default, metadata={"help": help, **extra})

@@ -18,16 +18,12 @@ import jax
 
 from jaxpar import data as datalib
 from jaxpar import profile
-from jaxpar.config import TrainConfig, to_dict
+from jaxpar.config import ConfigError, TrainConfig, to_dict
 from jaxpar.models import make_model
 from jaxpar.optim import make_optimizer
 from jaxpar.parallel import STRATEGIES
 from jaxpar.results import RunResult, environment
 from jaxpar.step import summarize
-
-
-class ConfigError(ValueError):
-    """An option value that cannot work; the message names the option."""
 
 
 def make_strategy(config: TrainConfig):

@@ -90,15 +90,16 @@ class Strategy:
         return {"strategy": self.name, "mesh": shape, "devices": int(np.prod(list(shape.values()) or [1]))}
 
     # --- helpers for subclasses ------------------------------------------------------------
-    def _register(self, name: str, fn: Callable, **jit_kwargs) -> None:
-        """jit `fn` under `name`, counting traces (a compiled step must not retrace)."""
+    def _register(self, name: str, fn: Callable, transform: Callable = jax.jit, **kwargs) -> None:
+        """Compile-wrap `fn` (jit, or e.g. pmap) under `name`, counting traces (a compiled
+        step must not retrace)."""
 
         @functools.wraps(fn)
-        def counted(*args, **kwargs):
+        def counted(*args, **kw):
             self.trace_counts[name] += 1
-            return fn(*args, **kwargs)
+            return fn(*args, **kw)
 
-        setattr(self, f"_jit_{name}", jax.jit(counted, **jit_kwargs))
+        setattr(self, f"_jit_{name}", transform(counted, **kwargs))
 
     def _call(self, name: str, *args):
         program = self.compiled.get(name) or getattr(self, f"_jit_{name}")
