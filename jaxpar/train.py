@@ -94,6 +94,7 @@ def fit(config: TrainConfig, console=None) -> Outcome:
     first = strategy.place_batch(next(datalib.train_batches(splits.train, batch_size, config.seed, 0)))
     compiled, compile_s = strategy.compile("step", state, first)
     stats = profile.program_stats(compiled)
+    accounting = strategy.accounting(stats, state)
     eval_bs = min(config.data.eval_batch_size, len(splits.test[1]))
     eval_example = strategy.place_batch(next(datalib.eval_batches(splits.test, eval_bs)))
     _, eval_compile_s = strategy.compile("eval_step", state, eval_example)
@@ -165,8 +166,7 @@ def fit(config: TrainConfig, console=None) -> Outcome:
         "train_s": train_s,
         "wall_s": time.perf_counter() - wall_start,
         "flops_per_step": stats["flops"],
-        "collective_bytes_per_step": stats["collective_bytes"].get("total", 0),
-        "memory_per_device": stats["memory"],
+        **accounting,
     }
     if console is not None:
         console.print(f"test accuracy {test['accuracy']:.4f}  test loss {test['loss']:.4f}  "

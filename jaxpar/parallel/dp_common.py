@@ -16,6 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxpar import data as datalib
 from jaxpar import mesh as meshlib
+from jaxpar import profile
 from jaxpar import step as steplib
 from jaxpar.parallel.base import Strategy
 from jaxpar.config import ConfigError
@@ -46,6 +47,7 @@ class DataParallel(Strategy):
         self.replicated = NamedSharding(mesh, P())
         self.batch_sharding = NamedSharding(mesh, P(meshlib.DATA))
         self.graphdef, params, model_state = steplib.split_model(model)
+        self.template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), params)
         return params, model_state
 
     def padded_size(self, batch_size: int) -> int:
@@ -66,6 +68,13 @@ class DataParallel(Strategy):
     def describe(self) -> dict:
         return {**super().describe(), "axes": {meshlib.DATA: "batch"},
                 "accumulate": self.config.parallel.accumulate}
+
+    def theory(self) -> dict[str, int]:
+        """One all-reduce of the gradient per step, plus the loss denominator and two metric
+        sums (3 f32 scalars). A ring all-reduce moves 2(N-1)/N of it per device."""
+        grad = profile.tree_bytes(self.template)
+        return {"all-reduce": grad + 12, "total": grad + 12,
+                "ring_bytes_per_device": int(2 * (self.n - 1) / self.n * grad)}
 
 
 def accumulated_grads(params, graphdef, model_state, batch, denom, k: int):
@@ -91,10 +100,11 @@ def accumulated_grads(params, graphdef, model_state, batch, denom, k: int):
         g, (state, s) = steplib.grad_fn(params, graphdef, state, chunk, denom)
         return (jax.tree.map(jnp.add, grads, g), state, jax.tree.map(jnp.add, sums, s)), None
 
-    zero_grads = jax.tree.map(jnp.zeros_like, params)
-    zero_sums = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
-    zero_sums = jax.tree.map(lambda v: jnp.zeros((), jnp.float32) + v, zero_sums)
-    (grads, model_state, sums), _ = jax.lax.scan(one_chunk, (zero_grads, model_state, zero_sums), chunks)
+    # The first chunk seeds the carry, so its types (incl. shard_map's varying axes) match.
+    first = jax.tree.map(lambda x: x[0], chunks)
+    grads, (model_state, sums) = steplib.grad_fn(params, graphdef, model_state, first, denom)
+    rest = jax.tree.map(lambda x: x[1:], chunks)
+    (grads, model_state, sums), _ = jax.lax.scan(one_chunk, (grads, model_state, sums), rest)
     return grads, (model_state, sums)
 
 
@@ -103,18 +113,3 @@ def global_sums(sums, denom):
     loss denominator, so only loss and accuracy sums travel (one all-reduce fewer)."""
     summed = jax.lax.psum({"loss_sum": sums["loss_sum"], "correct": sums["correct"]}, meshlib.DATA)
     return {**summed, "count": denom}
-
-
-def tree_bytes(tree) -> int:
-    return int(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree)))
-
-
-def state_bytes_per_device(state) -> int:
-    """Bytes of parameters + optimizer state resident on one device (its first shard)."""
-    total = 0
-    for leaf in jax.tree.leaves((state.params, state.opt_state)):
-        if hasattr(leaf, "addressable_shards"):
-            total += leaf.addressable_shards[0].data.nbytes
-        else:
-            total += np.asarray(leaf).nbytes
-    return int(total)

@@ -32,7 +32,6 @@ class FSDP(DataParallel):
 
     def init(self, model, tx, mesh):
         params, model_state = self._setup(model, tx, mesh)
-        self.template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), params)
         self.shapes = jax.tree.map(lambda t: t.shape, self.template)
         self.sharded = NamedSharding(mesh, P(DATA))
         ref = steplib.init_state(params, model_state, tx)
@@ -99,3 +98,11 @@ class FSDP(DataParallel):
 
     def describe(self) -> dict:
         return {**super().describe(), "axes": {DATA: "batch, parameters and optimizer state"}}
+
+    def theory(self) -> dict[str, int]:
+        """All-gather every parameter (operand: this device's 1/N slice), reduce-scatter every
+        gradient (operand: the whole padded gradient), plus 3 f32 scalars all-reduced."""
+        padded = sum(self._flat_size(s) * 4 for s in jax.tree.leaves(
+            self.shapes, is_leaf=lambda x: isinstance(x, tuple)))
+        ops = {"all-gather": padded // self.n, "reduce-scatter": padded, "all-reduce": 12}
+        return {**ops, "total": sum(ops.values())}

@@ -21,6 +21,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from jaxpar import profile
 from jaxpar import step as steplib
 from jaxpar.config import ConfigError
 from jaxpar.mesh import DATA
@@ -99,6 +100,22 @@ class LocalSGD(DataParallel):
     def state_from_reference(self, ref):
         stacked = jax.tree.map(lambda x: np.broadcast_to(x, (self.n, *np.shape(x))), ref)
         return jax.device_put(stacked, self.batch_sharding)
+
+    def accounting(self, step_stats, state):
+        # Local steps communicate nothing; the averaging program runs once every k steps.
+        from jaxpar.profile import program_stats
+
+        average, _ = self.compile("average", state)
+        sync = program_stats(average)["collective_bytes"]
+        out = super().accounting(step_stats, state)
+        per_step = {op: b // self.sync_every for op, b in sync.items()}
+        return {**out, "collective_bytes_per_step": per_step.get("total", 0),
+                "collective_bytes_by_op": per_step}
+
+    def theory(self) -> dict[str, int]:
+        """One all-reduce of the parameters every k steps; local steps communicate nothing."""
+        per_sync = profile.tree_bytes(self.template)
+        return {"all-reduce": per_sync // self.sync_every, "total": per_sync // self.sync_every}
 
     def describe(self) -> dict:
         return {**super().describe(), "sync_every": self.sync_every,
