@@ -57,11 +57,16 @@ def run(argv: list[str]) -> int:
     from rich.console import Console
 
     console = Console(stderr=False)
+    from jaxpar.checkpoint import Interrupted
+
     try:
         return _dispatch(args, config, console)
     except _user_errors() as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except Interrupted as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return e.exit_code
 
 
 def _dispatch(args, config, console) -> int:

@@ -76,6 +76,9 @@ class TrainConfig:
     out: str | None = _opt(None, "folder for result.json (default: results/<model>-<strategy>-<time>)")
     eval_every: int | None = _opt(None, "validate every N steps (default: once per epoch)")
     progress: bool = _opt(True, "show a live progress bar")
+    checkpoint_dir: str | None = _opt(None, "save orbax checkpoints here (and on SIGTERM / Ctrl-C)")
+    checkpoint_every: int | None = _opt(None, "steps between checkpoints (default: only at the end and on a signal)")
+    resume: bool = _opt(False, "continue from the latest complete checkpoint in --checkpoint-dir")
 
 
 SECTIONS = ("data", "model", "optim", "parallel")

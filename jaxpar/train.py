@@ -9,6 +9,7 @@ at the end, shows a rich progress bar and returns a `RunResult` for `results.sav
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import jax
 
 from jaxpar import data as datalib
 from jaxpar import profile
+from jaxpar.checkpoint import RunCheckpointer
 from jaxpar.config import ConfigError, TrainConfig, to_dict
 from jaxpar.models import make_model
 from jaxpar.optim import make_optimizer
@@ -89,7 +91,9 @@ def fit(config: TrainConfig, console=None) -> Outcome:
         raise ConfigError("--epochs and --steps must give at least one step")
     epochs = math.ceil(total_steps / per_epoch)
     tx = make_optimizer(config.optim, total_steps)
+    checkpointer = RunCheckpointer(config, strategy)  # refuses bad --resume before any work
     state = strategy.init(build_model(config), tx, mesh)
+    state, start_step, history = checkpointer.resume(state)
 
     first = strategy.place_batch(next(datalib.train_batches(splits.train, batch_size, config.seed, 0)))
     compiled, compile_s = strategy.compile("step", state, first)
@@ -104,9 +108,9 @@ def fit(config: TrainConfig, console=None) -> Outcome:
     # (DEVELOPERS.md); elsewhere wait only every few steps so the host runs ahead.
     sync_every = 1 if jax.default_backend() == "cpu" else 10
     step_times: list[float] = []
-    history: list[dict[str, Any]] = []
     running = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
-    step, train_s = 0, 0.0
+    step, train_s = start_step, 0.0
+    delay = float(os.environ.get("JAXPAR_TEST_STEP_DELAY_S", 0))  # tests: time to kill a run
     last = {"loss": float("nan"), "accuracy": float("nan")}
 
     def validate(epoch: int) -> None:
@@ -121,10 +125,13 @@ def fit(config: TrainConfig, console=None) -> Outcome:
             console.print(f"epoch {epoch + 1:>3}  step {step:>6}  train loss {last['loss']:.4f}  "
                           f"val loss {val['loss']:.4f}  val acc {val['accuracy']:.4f}")
 
-    with _progress(config.progress and console is not None) as bar:
-        task = bar.add_task("train", total=total_steps, epoch=1, loss=float("nan"), acc=0.0, ips=0.0)
-        for epoch in range(epochs):
-            for batch in datalib.train_batches(splits.train, batch_size, config.seed, epoch):
+    with _progress(config.progress and console is not None) as bar, checkpointer:
+        task = bar.add_task("train", total=total_steps, completed=step, epoch=1,
+                            loss=float("nan"), acc=0.0, ips=0.0)
+        for epoch in range(start_step // per_epoch, epochs):
+            # resuming mid-epoch: the order is a function of (seed, epoch); skip what was done
+            skip = start_step % per_epoch if epoch == start_step // per_epoch else 0
+            for batch in datalib.train_batches(splits.train, batch_size, config.seed, epoch, skip):
                 t0 = time.perf_counter()
                 state, sums = strategy.step(state, strategy.place_batch(batch))
                 step += 1
@@ -141,13 +148,18 @@ def fit(config: TrainConfig, console=None) -> Outcome:
                                acc=last["accuracy"], ips=ips)
                 if config.eval_every and step % config.eval_every == 0:
                     validate(epoch)
+                if delay:
+                    time.sleep(delay)
                 if step >= total_steps:
                     break
+                checkpointer.after_step(step, state, history)
             if not config.eval_every:
                 validate(epoch)
             running = {k: 0.0 for k in running}
             if step >= total_steps:
                 break
+
+        checkpointer.after_step(step, state, history, final=True)
 
     test = evaluate(strategy, state, splits.test, eval_bs)
     median_s = statistics.median(step_times) if step_times else float("nan")
@@ -158,6 +170,7 @@ def fit(config: TrainConfig, console=None) -> Outcome:
         "val_loss": history[-1]["val_loss"] if history else None,
         "final_loss": last["loss"],
         "steps": step,
+        "resumed_from_step": start_step or None,
         "epochs": step / per_epoch,
         "compile_s": compile_s,
         "eval_compile_s": eval_compile_s,
