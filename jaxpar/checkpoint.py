@@ -185,6 +185,7 @@ class Checkpointer:
             except Exception as e:
                 self._skip(folder, e, steps)
                 continue
+            self.last_saved = step  # on disk already: the end of a finished run is not re-saved
             return unflatten(target, flat), meta
         raise CheckpointError(f"no readable checkpoint in --checkpoint-dir {str(self.directory)!r} "
                               f"(steps {steps} all damaged); drop --resume to start over")
@@ -244,7 +245,7 @@ def load(directory: str, step: int | None = None) -> tuple[dict[str, np.ndarray]
       step: which step (default: the latest).
     """
     manager = ocp.CheckpointManager(Path(directory).absolute(),
-                                    options=ocp.CheckpointManagerOptions(read_only=True))
+                                    options=ocp.CheckpointManagerOptions(create=False))
     step = manager.latest_step() if step is None else step
     if step is None:
         raise CheckpointError(f"no checkpoint in {directory!r}")
