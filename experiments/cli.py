@@ -48,9 +48,11 @@ def add_config_flags(parser: argparse.ArgumentParser, only: set[str] | None = No
             groups[section].add_argument(flag, default=default, help=help_text,
                                          action=argparse.BooleanOptionalAction)
             continue
+        if "default" not in help_text:
+            help_text = f"{help_text} (default: {default})"
         groups[section].add_argument(
             flag, type=_TYPES[kind], default=default, choices=choices.get(f.name),
-            help=f"{help_text} (default: {default})", metavar=f.name.upper())
+            help=help_text, metavar=None if f.name in choices else f.name.upper())
 
 
 def config_from_args(args: argparse.Namespace) -> configlib.TrainConfig:

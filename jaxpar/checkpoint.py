@@ -29,7 +29,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxpar.config import TrainConfig, from_dict, to_dict
+from jaxpar.config import ConfigError, TrainConfig, from_dict, to_dict
 
 FORMAT = "jaxpar-checkpoint-v1"
 # Options that may change between a run and its resume: where and how it is placed
@@ -39,7 +39,7 @@ RESUMABLE = {"parallel", "out", "progress", "eval_every", "checkpoint_dir", "che
              "resume", "data.data_dir", "data.cache_dir", "data.eval_batch_size"}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ConfigError):
     """A checkpoint directory that cannot be used as asked; the message names the fix."""
 
 
@@ -144,6 +144,8 @@ class Checkpointer:
         if step in self.manager.all_steps():  # a corrupt step skipped on resume: replace it
             self.manager.delete(step)
         flat = flatten(ref_state)
+        # A copy: orbax writes in the background while the loop keeps adding to `progress`.
+        progress = json.loads(json.dumps(progress))
         meta = {"format": FORMAT, "step": step, "config": to_dict(self.config),
                 "leaves": {k: [list(v.shape), str(v.dtype)] for k, v in flat.items()}, **progress}
         self.manager.save(step, args=ocp.args.Composite(

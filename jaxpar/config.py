@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class ConfigError(ValueError):
+    """An option value that cannot work; the message names the option to change."""
+
+
 def _opt(default: Any, help: str, **extra: Any) -> Any:
     """A dataclass field with CLI help (and optionally `choices`) in its metadata."""
     return field(default=default, metadata={"help": help, **extra})
@@ -49,7 +53,7 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    strategy: str = _opt("single", "how one step is placed on devices (see `--help` for choices)")
+    strategy: str = _opt("single", "how one step is placed on devices (default: single, one device)")
     devices: int | None = _opt(None, "simulate this many XLA CPU devices (default: the devices present)")
     mesh: str = _opt("", "axis sizes, e.g. data=2,tensor=2 (-1 = the rest); default: every device on the strategy's axis")
     accumulate: int = _opt(1, "gradient accumulation: split each global batch into K sequential chunks (data-parallel strategies)")

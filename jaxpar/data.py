@@ -10,6 +10,7 @@ Images stay uint8 on the host; `jaxpar.step.normalize` makes them float32 on dev
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from typing import Iterator
@@ -33,8 +34,22 @@ class Splits:
 
 
 def cache_dir(cfg: DataConfig) -> str:
-    """Where prepared datasets live: --cache-dir, $JAXPAR_CACHE, or ~/.cache/jaxpar."""
-    return cfg.cache_dir or os.environ.get("JAXPAR_CACHE") or os.path.expanduser("~/.cache/jaxpar")
+    """Where a prepared dataset lives: --cache-dir, $JAXPAR_CACHE, or ~/.cache/jaxpar.
+
+    Data prepared from an explicit --data-dir gets its own sub-folder keyed by the files'
+    path, sizes and times, so other IDX files never silently reuse an earlier preparation.
+    """
+    root = cfg.cache_dir or os.environ.get("JAXPAR_CACHE") or os.path.expanduser("~/.cache/jaxpar")
+    if cfg.data_dir is None:
+        return root
+    source = os.path.realpath(cfg.data_dir)
+    try:
+        listing = sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns)
+                         for e in os.scandir(source) if "-ubyte" in e.name)
+    except OSError:
+        listing = []  # a missing folder fails with a clear message when it is read
+    key = hashlib.sha1(repr((source, listing)).encode()).hexdigest()[:12]
+    return os.path.join(root, f"from-data-dir-{key}")
 
 
 def load(cfg: DataConfig, seed: int) -> Splits:

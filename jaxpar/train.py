@@ -8,9 +8,9 @@ at the end, shows a rich progress bar and returns a `RunResult` for `results.sav
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
-import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,16 +20,12 @@ import jax
 from jaxpar import checkpoint as ckptlib
 from jaxpar import data as datalib
 from jaxpar import profile
-from jaxpar.config import TrainConfig, to_dict
+from jaxpar.config import ConfigError, TrainConfig, to_dict
 from jaxpar.models import make_model
 from jaxpar.optim import make_optimizer
 from jaxpar.parallel import STRATEGIES
 from jaxpar.results import RunResult, environment
 from jaxpar.step import summarize
-
-
-class ConfigError(ValueError):
-    """An option value that cannot work; the message names the option."""
 
 
 def make_strategy(config: TrainConfig):
@@ -114,6 +110,7 @@ def fit(config: TrainConfig, console=None) -> Outcome:
     first = strategy.place_batch(next(datalib.train_batches(splits.train, batch_size, config.seed, 0)))
     compiled, compile_s = strategy.compile("step", state, first)
     stats = profile.program_stats(compiled)
+    accounting = strategy.accounting(stats, state)
     eval_bs = min(config.data.eval_batch_size, len(splits.test[1]))
     eval_example = strategy.place_batch(next(datalib.eval_batches(splits.test, eval_bs)))
     _, eval_compile_s = strategy.compile("eval_step", state, eval_example)
@@ -206,8 +203,7 @@ def fit(config: TrainConfig, console=None) -> Outcome:
         "train_s": train_s,
         "wall_s": time.perf_counter() - wall_start,
         "flops_per_step": stats["flops"],
-        "collective_bytes_per_step": stats["collective_bytes"].get("total", 0),
-        "memory_per_device": stats["memory"],
+        **accounting,
     }
     if console is not None:
         console.print(f"test accuracy {test['accuracy']:.4f}  test loss {test['loss']:.4f}  "

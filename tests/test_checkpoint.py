@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import pytest
 
+import equivalence as eq
 from conftest import ROOT, requires_devices, run_cli
 from jaxpar import checkpoint as ckptlib
 from jaxpar.config import TrainConfig, with_options
@@ -128,17 +129,26 @@ def test_checkpoint_from_8_devices_restores_on_2_and_on_single(tmp_path, strateg
         assert_same_state(saved, ckptlib.flatten(strategy_obj.state_to_reference(placed)))
 
 
-def test_cli_resume_on_fewer_devices(tmp_path):
-    name = "dp-shard-map" if "dp-shard-map" in STRATEGIES else "single"
-    args = [*TINY, "--steps", "40", "--out", str(tmp_path / "out"), "--checkpoint-dir", str(tmp_path / "c")]
-    rc = run_cli("train", *args, "--strategy", name, "--devices", "8", "--checkpoint-every", "20")
+@pytest.mark.skipif(not {"dp-shard-map", "fsdp"} <= set(STRATEGIES), reason="needs dp-shard-map and fsdp")
+def test_cli_checkpoint_from_8_devices_resumes_on_2_under_another_strategy(tmp_path):
+    sgd = [*TINY, "--optimizer", "sgd", "--lr-schedule", "constant", "--lr", "0.05", "--steps", "40",
+           "--checkpoint-every", "20"]
+    ck, ref = tmp_path / "ck", tmp_path / "ref"
+    rc = run_cli("train", *sgd, "--strategy", "dp-shard-map", "--devices", "8",
+                 "--checkpoint-dir", str(ck), "--out", str(tmp_path / "a"))
     assert rc.returncode == 0, rc.stderr[-2000:]
-    rc = run_cli("train", *args[:-2], "--steps", "60", "--strategy", name, "--devices", "2",
-                 "--checkpoint-dir", str(tmp_path / "c"), "--resume")
-    assert rc.returncode == 2 and "--steps 40 (now 60)" in rc.stderr  # the length is fixed
-    rc = run_cli("train", *args, "--strategy", "single", "--devices", "2", "--resume")
+    shutil.rmtree(ck / "40")  # as if stopped at step 20
+    rc = run_cli("train", *sgd[:-4], "--steps", "60", "--strategy", "fsdp", "--devices", "2",
+                 "--checkpoint-dir", str(ck), "--resume", "--out", str(tmp_path / "a"))
+    assert rc.returncode == 2 and "--steps 40 (now 60)" in rc.stderr  # the run's length is fixed
+    rc = run_cli("train", *sgd, "--strategy", "fsdp", "--devices", "2", "--checkpoint-dir", str(ck),
+                 "--resume", "--out", str(tmp_path / "a"))
     assert rc.returncode == 0, rc.stderr[-2000:]
-    assert "resumed from step 40" in rc.stdout
+    assert "resumed from step 20" in rc.stdout
+    rc = run_cli("train", *sgd, "--checkpoint-dir", str(ref), "--out", str(tmp_path / "b"))
+    assert rc.returncode == 0, rc.stderr[-2000:]
+    (got, _), (want, _) = ckptlib.load(str(ck)), ckptlib.load(str(ref))
+    eq.assert_tree_close(want, got)  # another mesh and reduction order: close, not bitwise
 
 
 def test_damaged_latest_checkpoint_falls_back_with_a_warning(tmp_path):

@@ -68,3 +68,23 @@ def test_bad_batch_size_is_a_clear_error(bs):
 def test_unknown_dataset_lists_choices():
     with pytest.raises(DataError, match="fashion_mnist, mnist, synthetic"):
         data.load(DataConfig(dataset="cifar"), 0)
+
+
+def test_each_data_dir_gets_its_own_prepared_copy(tmp_path):
+    """Two folders of IDX files never share a preparation (no silent reuse of stale data)."""
+    from jaxpar import idx
+
+    got = []
+    for name, seed in (("a", 0), ("b", 1)):
+        folder = tmp_path / name
+        folder.mkdir()
+        rng = np.random.default_rng(seed)
+        for split, n in (("train", 40), ("t10k", 10)):
+            idx.write_idx(folder / f"{split}-images-idx3-ubyte",
+                          rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
+            idx.write_idx(folder / f"{split}-labels-idx1-ubyte",
+                          rng.integers(0, 10, n).astype(np.uint8))
+        cfg = DataConfig(dataset="mnist", data_dir=str(folder), cache_dir=str(tmp_path / "cache"),
+                         val_size=0, batch_size=8)
+        got.append(data.load(cfg, seed=0).train[0])
+    assert not np.array_equal(got[0], got[1])

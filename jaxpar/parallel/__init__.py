@@ -2,10 +2,20 @@
 (`base.Strategy`), one plain registry; the CLI's `--strategy` choices come from it."""
 
 from jaxpar.parallel.base import Strategy
+from jaxpar.parallel.dp_auto import DPAuto
+from jaxpar.parallel.dp_pmap import DPPmap
+from jaxpar.parallel.dp_shard_map import DPShardMap
+from jaxpar.parallel.fsdp import FSDP
+from jaxpar.parallel.local_sgd import LocalSGD
 from jaxpar.parallel.single import Single
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "single": Single,
+    "dp-pmap": DPPmap,
+    "dp-shard-map": DPShardMap,
+    "dp-auto": DPAuto,
+    "fsdp": FSDP,
+    "local-sgd": LocalSGD,
 }
 
 __all__ = ["STRATEGIES", "Strategy"]
