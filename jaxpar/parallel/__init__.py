@@ -7,6 +7,7 @@ from jaxpar.parallel.dp_pmap import DPPmap
 from jaxpar.parallel.dp_shard_map import DPShardMap
 from jaxpar.parallel.fsdp import FSDP
 from jaxpar.parallel.local_sgd import LocalSGD
+from jaxpar.parallel.pipeline import Pipeline
 from jaxpar.parallel.single import Single
 
 STRATEGIES: dict[str, type[Strategy]] = {
@@ -16,6 +17,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "dp-auto": DPAuto,
     "fsdp": FSDP,
     "local-sgd": LocalSGD,
+    "pipeline": Pipeline,
 }
 
 __all__ = ["STRATEGIES", "Strategy"]
