@@ -61,6 +61,9 @@ def run(argv: list[str]) -> int:
 
     try:
         return _dispatch(args, config, console)
+    except Interrupted as e:  # SIGTERM / Ctrl-C after saving a checkpoint
+        print(str(e), file=sys.stderr)
+        return e.exit_code
     except _user_errors() as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE

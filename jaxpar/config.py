@@ -76,8 +76,8 @@ class TrainConfig:
     out: str | None = _opt(None, "folder for result.json (default: results/<model>-<strategy>-<time>)")
     eval_every: int | None = _opt(None, "validate every N steps (default: once per epoch)")
     progress: bool = _opt(True, "show a live progress bar")
-    checkpoint_dir: str | None = _opt(None, "save orbax checkpoints here (and on SIGTERM / Ctrl-C)")
-    checkpoint_every: int | None = _opt(None, "steps between checkpoints (default: only at the end and on a signal)")
+    checkpoint_dir: str | None = _opt(None, "save orbax checkpoints here (reference layout: resumable under any strategy or mesh)")
+    checkpoint_every: int | None = _opt(None, "checkpoint every N steps (default: only at the end, on SIGTERM and on Ctrl-C)")
     resume: bool = _opt(False, "continue from the latest complete checkpoint in --checkpoint-dir")
 
 
