@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-from experiments import scaling
+from experiments import pipeline_study, scaling
 from experiments.cli import build_parser, config_from_args
 
 
@@ -28,11 +28,14 @@ COMMANDS = {
     "scaling": {"help": "data-parallel strategies over device counts, strong and weak scaling "
                         "(one bench process per point); writes OUT/summary.md",
                 "config": False, "extra": "scaling"},
+    "pipeline": {"help": "pipeline bubble and activation memory vs micro-batches, GPipe vs 1F1B "
+                         "(from the schedule tables); writes OUT/pipeline.json",
+                 "config": False, "extra": "pipeline"},
     "prepare-data": {"help": "prepare a dataset ahead of time (for offline machines and clusters)",
                      "config": {"dataset", "data_dir", "cache_dir"}},
 }
 
-STUDIES = {"scaling": scaling}
+STUDIES = {"scaling": scaling, "pipeline": pipeline_study}
 for _name, _module in STUDIES.items():
     COMMANDS[_name]["extra"] = _module.add_flags
 
