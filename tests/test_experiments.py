@@ -20,3 +20,11 @@ def test_pipeline_bubble_equals_theory(tmp_path):
 def test_bad_study_name_lists_choices():
     p = subprocess.run([sys.executable, "-m", "experiments", "nosuch"], capture_output=True, text=True)
     assert p.returncode == 2 and "pipeline" in p.stderr
+
+
+def test_figures_redraws_pngs_from_results(tmp_path):
+    from experiments import __main__ as cli
+
+    assert cli.run(["pipeline", "--quick", "--out", str(tmp_path / "data" / "pipeline")]) == 0
+    assert cli.run(["figures", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "png")]) == 0
+    assert {p.name for p in (tmp_path / "png").glob("*.png")} == {"pipeline_bubble.png", "pipeline_schedule.png"}
