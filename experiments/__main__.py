@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-from experiments import figures, pipeline_study, scaling
+from experiments import figures, hparam, pipeline_study, scaling
 from experiments.cli import build_parser, config_from_args
 
 
@@ -31,13 +31,15 @@ COMMANDS = {
     "pipeline": {"help": "pipeline bubble and activation memory vs micro-batches, GPipe vs 1F1B "
                          "(from the schedule tables); writes OUT/pipeline.json",
                  "config": False, "extra": "pipeline"},
+    "hparam": {"help": "lr/momentum/seed search as vmapped trials vs one by one; writes OUT/hparam.json",
+               "config": False, "extra": "hparam"},
     "figures": {"help": "redraw every figure from results files (--data) into --out",
                 "config": False, "extra": "figures"},
     "prepare-data": {"help": "prepare a dataset ahead of time (for offline machines and clusters)",
                      "config": {"dataset", "data_dir", "cache_dir"}},
 }
 
-STUDIES = {"scaling": scaling, "pipeline": pipeline_study, "figures": figures}
+STUDIES = {"scaling": scaling, "pipeline": pipeline_study, "figures": figures, "hparam": hparam}
 for _name, _module in STUDIES.items():
     COMMANDS[_name]["extra"] = _module.add_flags
 

@@ -63,6 +63,7 @@ def pipeline_schedule(data: dict, out: Path) -> Path:
         ax.set_yticklabels([f"device {s}" for s in range(data["stages"])])
         ax.set_title(f"{name}, M={data['tables'][name]['M']} (blank = bubble)")
     axes[-1].set_xlabel("time slot")
+    fig.tight_layout()
     path = out / "pipeline_schedule.png"
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
