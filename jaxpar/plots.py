@@ -70,6 +70,28 @@ def pipeline_schedule(data: dict, out: Path) -> Path:
     return path
 
 
+def hparam_speedup(data: dict, out: Path) -> Path:
+    """Wall time of the search, vmapped trials vs one by one, per width group."""
+    groups = data["groups"]
+    x = range(len(groups))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar([i - 0.2 for i in x], [g["sequential_s"] for g in groups], 0.4, label="one by one")
+    ax.bar([i + 0.2 for i in x], [g["vmapped_s"] for g in groups], 0.4, label="vmapped trials")
+    for i, g in zip(x, groups):
+        ax.text(i, max(g["sequential_s"], g["vmapped_s"]), f"{g['speedup']:.2f}x", ha="center", va="bottom")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([f"MLP width {g['width']}\n{len(g['trials'])} trials" for g in groups])
+    ax.set_ylabel("wall time (s)")
+    env = data.get("env", {})
+    ax.set_title(f"hparam search, {data['steps']} steps; {env.get('cpu_cores', '?')} cores, "
+                 f"{env.get('device_count', '?')} device(s)")
+    ax.legend()
+    path = out / "hparam_speedup.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 def redraw(data_dir: str | Path, out_dir: str | Path) -> list[Path]:
     """Redraw every figure whose results are under data_dir; return the PNG paths."""
     data_dir, out = Path(data_dir), Path(out_dir)
@@ -79,4 +101,7 @@ def redraw(data_dir: str | Path, out_dir: str | Path) -> list[Path]:
     if pipe.exists():
         data = json.loads(pipe.read_text())
         paths += [pipeline_bubble(data, out), pipeline_schedule(data, out)]
+    hp = data_dir / "hparam" / "hparam.json"
+    if hp.exists():
+        paths.append(hparam_speedup(json.loads(hp.read_text()), out))
     return paths
