@@ -64,6 +64,7 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3) -> RunResul
         "collective_bytes_per_step": stats["collective_bytes"].get("total", 0),
         "collective_bytes_by_op": stats["collective_bytes"],
         "memory_per_device": stats["memory"],
+        **strategy.accounting(),
         "iters": iters,
         "wall_s": time.perf_counter() - wall_start,
     }

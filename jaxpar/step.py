@@ -84,11 +84,18 @@ def loss_fn(params: Params, graphdef: nnx.GraphDef, model_state: Params, batch: 
       (loss, (model_state, metric_sums))
     """
     logits, new_state = forward(graphdef, params, model_state, batch["image"], train)
+    loss, sums = logits_loss(logits, batch, denom)
+    return loss, (new_state, sums)
+
+
+def logits_loss(logits: jax.Array, batch: dict, denom: jax.Array | None = None):
+    """`loss_fn` from logits on: (weighted mean cross-entropy, metric_sums). For strategies
+    that run the model in pieces (a last pipeline stage, tensor-parallel blocks)."""
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
     sums = metric_sums(logits, losses, batch)
     if denom is None:
         denom = sums["count"]
-    return sums["loss_sum"] / denom, (new_state, sums)
+    return sums["loss_sum"] / denom, sums
 
 
 grad_fn = jax.grad(loss_fn, has_aux=True)

@@ -171,6 +171,7 @@ def fit(config: TrainConfig, console=None) -> Outcome:
         "flops_per_step": stats["flops"],
         "collective_bytes_per_step": stats["collective_bytes"].get("total", 0),
         "memory_per_device": stats["memory"],
+        **strategy.accounting(),
     }
     if console is not None:
         console.print(f"test accuracy {test['accuracy']:.4f}  test loss {test['loss']:.4f}  "

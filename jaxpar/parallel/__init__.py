@@ -3,9 +3,15 @@
 
 from jaxpar.parallel.base import Strategy
 from jaxpar.parallel.single import Single
+from jaxpar.parallel.tensor import Tensor
+from jaxpar.parallel.tensor_auto import TensorAuto
+from jaxpar.parallel.layer_split import LayerSplit
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "single": Single,
+    "tensor": Tensor,
+    "tensor-auto": TensorAuto,
+    "layer-split": LayerSplit,
 }
 
 __all__ = ["STRATEGIES", "Strategy"]

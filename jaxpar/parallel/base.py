@@ -89,6 +89,10 @@ class Strategy:
         shape = meshlib.mesh_shape(self.mesh) if self.mesh is not None else {}
         return {"strategy": self.name, "mesh": shape, "devices": int(np.prod(list(shape.values()) or [1]))}
 
+    def accounting(self) -> dict:
+        """Strategy-specific metrics for results JSON (theory beside measurement); {} if none."""
+        return {}
+
     # --- helpers for subclasses ------------------------------------------------------------
     def _register(self, name: str, fn: Callable, **jit_kwargs) -> None:
         """jit `fn` under `name`, counting traces (a compiled step must not retrace)."""
