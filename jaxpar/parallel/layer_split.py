@@ -23,6 +23,7 @@ from flax import nnx
 from jax.sharding import SingleDeviceSharding
 
 from jaxpar import mesh as meshlib
+from jaxpar import profile
 from jaxpar import step as steplib
 from jaxpar.mesh import STAGE
 from jaxpar.parallel.base import Strategy
@@ -233,6 +234,8 @@ class LayerSplit(Strategy):
         else:
             build("last_eval", state.params[-1], x, labels)
         seconds = time.perf_counter() - start
+        if name == "step":  # bench/train read FLOPs off one program: keep the sum over all
+            self.step_flops = sum(profile.program_stats(self.compiled[n])["flops"] for n in names)
         first = self.compiled[names[0]]
         self.compiled[name] = first
         return first, seconds
@@ -243,8 +246,11 @@ class LayerSplit(Strategy):
             self._stage_params(self.shapes, st)))) for st in range(self.stages)]
 
     def accounting(self) -> dict:
-        return {"param_bytes_per_device": max(self.stage_param_bytes()),
-                "collective_bytes_theory": 0}
+        out = {"param_bytes_per_device": max(self.stage_param_bytes()),
+               "collective_bytes_theory": 0}
+        if getattr(self, "step_flops", None) is not None:
+            out["flops_all_stage_programs"] = self.step_flops
+        return out
 
     def describe(self):
         return {**super().describe(), "stages": self.stages,
