@@ -25,7 +25,7 @@ from jaxpar.optim import make_optimizer
 from jaxpar.train import build_model, make_strategy
 
 TOL = 1e-5  # per-leaf norm-relative, f32
-FLOOR = 1e-4  # leaves below this share of the tree's norm are compared against it
+FLOOR = 1e-3  # leaves below this share of the tree's norm are compared against it
 
 
 @dataclasses.dataclass

@@ -9,6 +9,9 @@ from jaxpar.parallel.fsdp import FSDP
 from jaxpar.parallel.local_sgd import LocalSGD
 from jaxpar.parallel.pipeline import Pipeline
 from jaxpar.parallel.single import Single
+from jaxpar.parallel.tensor import Tensor
+from jaxpar.parallel.tensor_auto import TensorAuto
+from jaxpar.parallel.layer_split import LayerSplit
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "single": Single,
@@ -18,6 +21,9 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "fsdp": FSDP,
     "local-sgd": LocalSGD,
     "pipeline": Pipeline,
+    "tensor": Tensor,
+    "tensor-auto": TensorAuto,
+    "layer-split": LayerSplit,
 }
 
 __all__ = ["STRATEGIES", "Strategy"]
