@@ -4,7 +4,6 @@ first; the backend has not started yet, so the later setting wins).
     mpiexec -n 2 python -m mpi4py -m pytest -q tests/mpi
 """
 
-import os
 
 import jax
 
