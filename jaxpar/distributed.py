@@ -123,3 +123,5 @@ def setup(mode: str, single_threaded: bool) -> None:
         single_thread()
     install_abort_hook()
     initialize(mode)
+    if os.environ.get("JAXPAR_FAIL_RANK") == str(mpi_rank()[0]):  # fault-handling test
+        raise RuntimeError("JAXPAR_FAIL_RANK: injected failure")
