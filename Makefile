@@ -40,7 +40,7 @@ run: data
 $(VENV)/.mpi-installed: $(VENV)/.installed-test
 	$(PY) -m pip install -q mpi4py mpich nanobind setuptools wheel
 	mkdir -p $(VENV)/no-cuda
-	MPI4JAX_BUILD_MPICC=$(VENV)/bin/mpicc CUDA_PATH=$(abspath $(VENV))/no-cuda \
+	MPI4JAX_BUILD_MPICC=$(abspath $(VENV))/bin/mpicc CUDA_PATH=$(abspath $(VENV))/no-cuda \
 	  $(PY) -m pip install -q --no-cache-dir --no-build-isolation mpi4jax
 	@touch $@
 
