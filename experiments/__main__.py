@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
+from experiments import scaling
 from experiments.cli import build_parser, config_from_args
 
 
@@ -24,9 +25,16 @@ COMMANDS = {
     "bench": {"help": "time one strategy's training step (synthetic batches); prints and "
                       "optionally writes OUT/result.json",
               "defaults": {"dataset": "synthetic"}, "extra": _bench_flags},
+    "scaling": {"help": "data-parallel strategies over device counts, strong and weak scaling "
+                        "(one bench process per point); writes OUT/summary.md",
+                "config": False, "extra": "scaling"},
     "prepare-data": {"help": "prepare a dataset ahead of time (for offline machines and clusters)",
                      "config": {"dataset", "data_dir", "cache_dir"}},
 }
+
+STUDIES = {"scaling": scaling}
+for _name, _module in STUDIES.items():
+    COMMANDS[_name]["extra"] = _module.add_flags
 
 # Errors a user can fix: print the message alone (no traceback) and exit non-zero.
 EXIT_USAGE = 2
@@ -60,15 +68,25 @@ def _distributed_mode(config) -> str:
 
 def run(argv: list[str]) -> int:
     args = build_parser(COMMANDS).parse_args(argv)
+    if args.command in STUDIES:
+        return 0 if STUDIES[args.command].run(args) is not None else 1
     config = config_from_args(args)
     from rich.console import Console
 
     console = Console(stderr=False)
+    from jaxpar.checkpoint import Interrupted
+
     try:
         return _dispatch(args, config, console)
+    except Interrupted as e:  # SIGTERM / Ctrl-C after saving a checkpoint
+        print(str(e), file=sys.stderr)
+        return e.exit_code
     except _user_errors() as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except Interrupted as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return e.exit_code
 
 
 def _dispatch(args, config, console) -> int:

@@ -61,9 +61,7 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3) -> RunResul
         "matmul_peak_gflops": peak["gflops"],
         "percent_of_peak": 100 * achieved / peak["gflops"],
         "flops_loop_bodies_once": stats["has_loops"],
-        "collective_bytes_per_step": stats["collective_bytes"].get("total", 0),
-        "collective_bytes_by_op": stats["collective_bytes"],
-        "memory_per_device": stats["memory"],
+        **strategy.accounting(stats, holder["state"]),
         "iters": iters,
         "wall_s": time.perf_counter() - wall_start,
     }
@@ -84,7 +82,9 @@ def report(result: RunResult) -> str:
         f"  compile          {m['compile_s']:.2f} s",
         f"  achieved         {m['achieved_gflops']:.1f} GFLOP/s = {m['percent_of_peak']:.1f}% of "
         f"a measured f32 matmul peak of {m['matmul_peak_gflops']:.1f} GFLOP/s",
-        f"  collective bytes {m['collective_bytes_per_step']:,} per step",
+        f"  collective bytes {m['collective_bytes_per_step']:,} per step (theory: "
+        f"{m['collective_bytes_theory'].get('total', 0):,})",
+        f"  state/device     {m['state_bytes_per_device']:,} B (parameters + optimizer state)",
         f"  memory/device    args {m['memory_per_device']['argument_bytes']:,} B, temp "
         f"{m['memory_per_device']['temp_bytes']:,} B",
     ])

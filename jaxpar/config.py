@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class ConfigError(ValueError):
+    """An option value that cannot work; the message names the option to change."""
+
+
 def _opt(default: Any, help: str, **extra: Any) -> Any:
     """A dataclass field with CLI help (and optionally `choices`) in its metadata."""
     return field(default=default, metadata={"help": help, **extra})
@@ -74,6 +78,9 @@ class TrainConfig:
     out: str | None = _opt(None, "folder for result.json (default: results/<model>-<strategy>-<time>)")
     eval_every: int | None = _opt(None, "validate every N steps (default: once per epoch)")
     progress: bool = _opt(True, "show a live progress bar")
+    checkpoint_dir: str | None = _opt(None, "save orbax checkpoints here (reference layout: resumable under any strategy or mesh)")
+    checkpoint_every: int | None = _opt(None, "checkpoint every N steps (default: only at the end, on SIGTERM and on Ctrl-C)")
+    resume: bool = _opt(False, "continue from the latest complete checkpoint in --checkpoint-dir")
 
 
 SECTIONS = ("data", "model", "optim", "parallel")

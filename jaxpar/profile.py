@@ -178,3 +178,19 @@ def matmul_peak(devices, n: int = 2048, repeats: int = 10) -> dict[str, float]:
     times = time_calls(lambda: mm(a), repeats)
     flops = 2.0 * n ** 3 * len(devices)
     return {"gflops": flops / statistics.median(times) / 1e9, "n": n, "devices": len(devices)}
+
+
+def tree_bytes(tree) -> int:
+    """Bytes of every array (or ShapeDtypeStruct) in `tree`."""
+    return int(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+
+def state_bytes_per_device(state) -> int:
+    """Bytes of parameters + optimizer state resident on one device (its first shard)."""
+    total = 0
+    for leaf in jax.tree.leaves((state.params, state.opt_state)):
+        if hasattr(leaf, "addressable_shards"):
+            total += leaf.addressable_shards[0].data.nbytes
+        else:
+            total += np.asarray(leaf).nbytes
+    return int(total)

@@ -92,16 +92,33 @@ class Strategy:
         shape = meshlib.mesh_shape(self.mesh) if self.mesh is not None else {}
         return {"strategy": self.name, "mesh": shape, "devices": int(np.prod(list(shape.values()) or [1]))}
 
+    def theory(self) -> dict[str, int]:
+        """Expected collective operand bytes per step by op (and 'total'); {} = none expected."""
+        return {}
+
+    def accounting(self, step_stats: dict, state: TrainState) -> dict:
+        """Communication and memory metrics for results JSON, from the compiled step."""
+        from jaxpar import profile
+
+        return {
+            "collective_bytes_per_step": step_stats["collective_bytes"].get("total", 0),
+            "collective_bytes_by_op": step_stats["collective_bytes"],
+            "collective_bytes_theory": self.theory(),
+            "state_bytes_per_device": profile.state_bytes_per_device(state),
+            "memory_per_device": step_stats["memory"],
+        }
+
     # --- helpers for subclasses ------------------------------------------------------------
-    def _register(self, name: str, fn: Callable, **jit_kwargs) -> None:
-        """jit `fn` under `name`, counting traces (a compiled step must not retrace)."""
+    def _register(self, name: str, fn: Callable, transform: Callable = jax.jit, **kwargs) -> None:
+        """Compile-wrap `fn` (jit, or e.g. pmap) under `name`, counting traces (a compiled
+        step must not retrace)."""
 
         @functools.wraps(fn)
-        def counted(*args, **kwargs):
+        def counted(*args, **kw):
             self.trace_counts[name] += 1
-            return fn(*args, **kwargs)
+            return fn(*args, **kw)
 
-        setattr(self, f"_jit_{name}", jax.jit(counted, **jit_kwargs))
+        setattr(self, f"_jit_{name}", transform(counted, **kwargs))
 
     def _call(self, name: str, *args):
         program = self.compiled.get(name) or getattr(self, f"_jit_{name}")

@@ -1,0 +1,264 @@
+"""`layer-split`: the naive model parallelism of the early papers. Consecutive blocks live on
+consecutive devices (stage s holds blocks [s*L/S, (s+1)*L/S); the stem on stage 0, the head
+and the loss on the last), and one whole batch goes through them in turn, so one device works
+at a time: the baseline a pipeline beats.
+
+Each stage has its own jitted programs on its own device: a forward, a backward (a per-stage
+`jax.vjp` that recomputes the stage's forward from its saved input, so only stage inputs are
+kept between the passes), and an optimizer update with the shared `apply_update` over that
+stage's parameters and optimizer state. Activations and their gradients move between devices
+with `device_put`; there are no collectives.
+
+    python -m experiments train --strategy layer-split --mesh stage=2 --devices 2 \
+        --model stack-mlp --dataset synthetic --steps 20
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import SingleDeviceSharding
+
+from jaxpar import mesh as meshlib
+from jaxpar import profile
+from jaxpar import step as steplib
+from jaxpar.mesh import STAGE
+from jaxpar.parallel.base import Strategy
+from jaxpar.parallel.tensor import check_model
+
+EMBED = ("stem", "patch_embed", "pos_embed")  # top-level params used by `embed` (stage 0)
+
+
+def _get(tree, path):
+    for k in path:
+        if isinstance(k, jax.tree_util.DictKey):
+            tree = tree[k.key]
+        elif isinstance(k, jax.tree_util.SequenceKey):
+            tree = tree[k.idx]
+        else:
+            tree = getattr(tree, k.name)
+    return tree
+
+
+def pick(structure, sources):
+    """A tree shaped like `structure`, each leaf taken from the first source holding its path.
+
+    Stage trees are sub-dicts of the reference tree with the same keys (blocks keep their
+    global index), so this both gathers stages into the reference layout and cuts it up.
+    """
+    def one(path, _):
+        for src in sources:
+            try:
+                return _get(src, path)
+            except (KeyError, IndexError, AttributeError, TypeError):
+                continue
+        raise KeyError(jax.tree_util.keystr(path))
+    return jax.tree_util.tree_map_with_path(one, structure)
+
+
+class LayerSplit(Strategy):
+    name = "layer-split"
+    default_axes = {STAGE: -1}
+
+    def make_mesh(self, devices):
+        mesh = super().make_mesh(devices)
+        shape = meshlib.mesh_shape(mesh)
+        if any(size > 1 for axis, size in shape.items() if axis != STAGE):
+            raise meshlib.MeshError("--strategy layer-split uses only the stage axis; pass "
+                                    "--mesh stage=S")
+        return mesh
+
+    # --- layout ----------------------------------------------------------------------------
+    def init(self, model, tx, mesh):
+        from jaxpar.train import ConfigError
+
+        check_model(model, self.name)
+        self.mesh, self.tx = mesh, tx
+        self.devices = list(mesh.devices.flat)
+        S, depth = len(self.devices), len(model.blocks)
+        if depth % S:
+            raise ConfigError(f"--depth {depth} blocks do not divide into stage={S} stages; "
+                              f"change --depth to a multiple of {S} or --mesh stage=")
+        self.stages, per = S, depth // S
+        self.ranges = [range(s * per, (s + 1) * per) for s in range(S)]
+        self.graphdef, params, self.model_state = steplib.split_model(model)
+        self.shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+        self.stage_keys = [self._stage_params(params, s) for s in range(S)]
+        self._build_programs()
+        return self.state_from_reference(steplib.init_state(params, self.model_state, tx))
+
+    def _stage_params(self, params, s):
+        """Stage s's sub-dict of `params`: its blocks, plus the stem (first) or the rest (last)."""
+        out = {"blocks": {i: params["blocks"][i] for i in self.ranges[s]}}
+        for key, value in params.items():
+            if key != "blocks" and ((key in EMBED and s == 0) or
+                                    (key not in EMBED and s == self.stages - 1)):
+                out[key] = value
+        return out
+
+    def state_from_reference(self, ref):
+        ref = jax.device_get(ref)
+        params, opts = [], []
+        for s, dev in enumerate(self.devices):
+            p = self._stage_params(ref.params, s)
+            opt = pick(jax.eval_shape(self.tx.init, p), [ref.opt_state])
+            params.append(jax.device_put(p, dev))
+            opts.append(jax.device_put(opt, dev))
+        return steplib.TrainState(step=jax.device_put(ref.step, self.devices[0]),
+                                  params=tuple(params), opt_state=tuple(opts),
+                                  model_state=ref.model_state)
+
+    def state_to_reference(self, state):
+        state = jax.device_get(state)
+        params = pick(self.shapes, list(state.params))
+        opt = pick(jax.eval_shape(self.tx.init, self.shapes), list(state.opt_state))
+        return steplib.TrainState(step=state.step, params=params, opt_state=opt,
+                                  model_state=state.model_state)
+
+    def place_batch(self, batch):
+        # Images go to the first stage, labels and weights to the last (where the loss is).
+        last = self.devices[-1]
+        return {"image": jax.device_put(batch["image"], self.devices[0]),
+                "label": jax.device_put(batch["label"], last),
+                "weight": jax.device_put(batch["weight"], last)}
+
+    # --- per-stage programs ----------------------------------------------------------------
+    def _model(self, stage_params):
+        # Other stages' params are zeros made inside the program; unused, so XLA drops them.
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self.shapes)
+        return nnx.merge(self.graphdef, pick(self.shapes, [stage_params, zeros]), self.model_state)
+
+    def _forward(self, s, params, x):
+        model = self._model(params)
+        h = model.embed(steplib.normalize(x)) if s == 0 else x
+        for i in self.ranges[s]:
+            h = model.blocks[i](h)
+        return h, model
+
+    def _last_loss(self, params, x, batch):
+        h, model = self._forward(self.stages - 1, params, x)
+        return steplib.loss_from_logits(model.readout(h), batch)
+
+    def _build_programs(self):
+        S = self.stages
+        for s in range(S - 1):
+            self._register(f"fwd{s}", lambda p, x, s=s: self._forward(s, p, x)[0])
+            self._register(f"bwd{s}", lambda p, x, g, s=s: self._backward(s, p, x, g))
+        argnums = (0,) if S == 1 else (0, 1)
+        self._register("last", lambda p, x, b: jax.grad(self._last_loss, argnums, has_aux=True)(p, x, b))
+        self._register("last_eval", lambda p, x, b: self._last_loss(p, x, b)[1])
+        for s in range(S):
+            self._register(f"update{s}", self._update, donate_argnums=(0, 1))
+
+    def _backward(self, s, params, x, g):
+        if s == 0:  # the input is the image batch: no gradient to send back
+            _, vjp = jax.vjp(lambda p: self._forward(0, p, x)[0], params)
+            return vjp(g)[0], None
+        _, vjp = jax.vjp(lambda p, x: self._forward(s, p, x)[0], params, x)
+        return vjp(g)
+
+    def _update(self, params, opt_state, grads):
+        st = steplib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                                opt_state=opt_state, model_state={})
+        st = steplib.apply_update(st, grads, self.tx)
+        return st.params, st.opt_state
+
+    def _prog(self, name, kind):
+        """Stage program `name` as AOT-compiled for `kind` ('step', 'eval_step'), else jitted."""
+        return self.compiled.get(f"{kind}:{name}") or getattr(self, f"_jit_{name}")
+
+    def _grads(self, state, batch, kind="gradients"):
+        """Forward stage by stage, then backward in reverse: per-stage grads and metric sums."""
+        S, x, inputs = self.stages, batch["image"], []
+        for s in range(S - 1):
+            inputs.append(x)
+            x = jax.device_put(self._prog(f"fwd{s}", kind)(state.params[s], x), self.devices[s + 1])
+        labels = {k: batch[k] for k in ("label", "weight")}
+        grads, sums = self._prog("last", kind)(state.params[-1], x, labels)
+        stage_grads = [None] * S
+        stage_grads[-1] = grads[0]
+        g = grads[1] if S > 1 else None
+        for s in reversed(range(S - 1)):
+            g = jax.device_put(g, self.devices[s])
+            stage_grads[s], g = self._prog(f"bwd{s}", kind)(state.params[s], inputs[s], g)
+        return stage_grads, sums
+
+    def step(self, state, batch):
+        stage_grads, sums = self._grads(state, batch, "step")
+        params, opts = zip(*[self._prog(f"update{s}", "step")(state.params[s], state.opt_state[s], g)
+                             for s, g in enumerate(stage_grads)])
+        return state.replace(step=state.step + 1, params=params, opt_state=opts), sums
+
+    def gradients(self, state, batch):
+        stage_grads, _ = self._grads(state, batch)
+        return pick(self.shapes, jax.device_get(stage_grads))
+
+    def eval_step(self, state, batch):
+        x = batch["image"]
+        for s in range(self.stages - 1):
+            x = jax.device_put(self._prog(f"fwd{s}", "eval_step")(state.params[s], x),
+                               self.devices[s + 1])
+        return self._prog("last_eval", "eval_step")(state.params[-1], x,
+                                       {k: batch[k] for k in ("label", "weight")})
+
+    def compile(self, name, state, batch):
+        """AOT-compile every stage program `name` needs ('step' or 'eval_step').
+
+        Returns (the first stage's compiled program, total seconds over all stage programs).
+        """
+        start = time.perf_counter()
+        on = lambda tree, s: jax.tree.map(  # noqa: E731
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                           sharding=SingleDeviceSharding(self.devices[s])), tree)
+        S, x = self.stages, batch["image"]
+        labels = {k: batch[k] for k in ("label", "weight")}
+        names = []
+
+        def build(prog, *args):
+            self.compiled[f"{name}:{prog}"] = getattr(self, f"_jit_{prog}").lower(*args).compile()
+            names.append(f"{name}:{prog}")
+
+        for s in range(S - 1):
+            build(f"fwd{s}", state.params[s], x)
+            h = jax.eval_shape(getattr(self, f"_jit_fwd{s}"), state.params[s], x)
+            if name == "step":
+                build(f"bwd{s}", state.params[s], x, on(h, s))
+            x = on(h, s + 1)
+        if name == "step":
+            build("last", state.params[-1], x, labels)
+            for s in range(S):
+                build(f"update{s}", state.params[s], state.opt_state[s], on(state.params[s], s))
+        else:
+            build("last_eval", state.params[-1], x, labels)
+        seconds = time.perf_counter() - start
+        if name == "step":  # bench/train read FLOPs off one program: keep the sum over all
+            self.step_flops = sum(profile.program_stats(self.compiled[n])["flops"] for n in names)
+        first = self.compiled[names[0]]
+        self.compiled[name] = first
+        return first, seconds
+
+    # --- accounting ------------------------------------------------------------------------
+    def stage_param_bytes(self) -> list[int]:
+        return [int(sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(
+            self._stage_params(self.shapes, st)))) for st in range(self.stages)]
+
+    def theory(self) -> dict[str, int]:
+        return {"total": 0}  # activations move with device_put between programs
+
+    def accounting(self, step_stats, state) -> dict:
+        out = {**super().accounting(step_stats, state),
+               "param_bytes_per_device": max(self.stage_param_bytes())}
+        if getattr(self, "step_flops", None) is not None:
+            out["flops_all_stage_programs"] = self.step_flops
+        return out
+
+    def describe(self):
+        return {**super().describe(), "stages": self.stages,
+                "blocks_per_stage": len(self.ranges[0]),
+                "stage_param_bytes": self.stage_param_bytes(),
+                "note": "one batch at a time, one device busy at a time; activations move "
+                        "with device_put (no collectives); backward recomputes each stage's "
+                        "forward from its input"}

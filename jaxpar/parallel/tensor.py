@@ -1,0 +1,234 @@
+"""`tensor`: Megatron-style tensor parallelism written out in `jax.shard_map` (Shoeybi et al.
+2019, fig. 3).
+
+Each block's column-parallel layers (`up`; in the ViT also `query`/`key`/`value`, so every
+device holds whole attention heads) keep a column slice of their kernel and bias; the
+row-parallel layer after them (`down`, `out`) keeps a row slice of its kernel, and its partial
+products are summed with one `psum` over the TENSOR axis before its (replicated) bias is
+added once. The block input is cast to tensor-varying once (Megatron's `f`), so the backward
+pass has exactly one all-reduce per sub-block too. Stem, head, LayerNorms and the position
+embedding are replicated. A DATA axis, if the mesh has one, shards the batch.
+
+    python -m experiments train --strategy tensor --mesh tensor=2 --devices 2 --model stack-mlp \
+        --dataset synthetic --steps 20
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxpar import mesh as meshlib
+from jaxpar import step as steplib
+from jaxpar import theory
+from jaxpar.mesh import DATA, TENSOR
+from jaxpar.models import StackMLP, ViT
+from jaxpar.models.mlp import ACTIVATIONS
+from jaxpar.models.vit import TransformerBlock
+from jaxpar.parallel.base import Strategy
+
+SPLITTABLE = {"stack-mlp": StackMLP, "vit": ViT}
+COLUMN = ("up", "query", "key", "value")  # kernel split on the output dim, bias split
+ROW = ("down", "out")                     # kernel split on the input dim, bias replicated
+
+
+def check_model(model, strategy: str) -> None:
+    """ConfigError unless `model` is one whose identical blocks can be split."""
+    from jaxpar.train import ConfigError  # jaxpar.train imports the strategies
+
+    if not isinstance(model, tuple(SPLITTABLE.values())):
+        raise ConfigError(f"--strategy {strategy} splits model blocks; use --model "
+                          f"{' or '.join(SPLITTABLE)} (not {type(model).__name__})")
+
+
+def check_divisible(model, degree: int, strategy: str) -> None:
+    """ConfigError if the width (stack-mlp) or head count (vit) does not split `degree` ways."""
+    from jaxpar.train import ConfigError
+
+    check_model(model, strategy)
+    block = model.blocks[0]
+    width = block.up.in_features
+    if isinstance(model, ViT):
+        heads = width // block.head_dim
+        if heads % degree:
+            raise ConfigError(f"--strategy {strategy}: the ViT's {heads} heads do not split over "
+                              f"tensor={degree}; change --mesh tensor= to a divisor of {heads}")
+    elif width % degree:
+        raise ConfigError(f"--strategy {strategy}: --width {width} is not divisible by "
+                          f"tensor={degree}; change --width or --mesh tensor=")
+
+
+def param_specs(params) -> dict:
+    """PartitionSpec per parameter from its path: Megatron column/row splits inside blocks."""
+    def spec(path, _):
+        keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
+        if keys[0] == "blocks" and len(keys) == 4:
+            layer, kind = keys[2], keys[3]
+            if layer in COLUMN:
+                return P(None, TENSOR) if kind == "kernel" else P(TENSOR)
+            if layer in ROW and kind == "kernel":
+                return P(TENSOR, None)
+        return P()
+    return jax.tree_util.tree_map_with_path(spec, params)
+
+
+def state_specs(state: steplib.TrainState, tx, pspecs) -> steplib.TrainState:
+    """Specs for the whole TrainState: optimizer moments follow their parameters."""
+    ospecs = optax.tree_map_params(tx, lambda _, s: s, state.opt_state, pspecs,
+                                   transform_non_params=lambda _: P(),
+                                   is_leaf=lambda x: isinstance(x, P))
+    return steplib.TrainState(step=P(), params=pspecs, opt_state=ospecs,
+                              model_state=jax.tree.map(lambda _: P(), state.model_state))
+
+
+def sharded_names(pspecs) -> list[str]:
+    """Layer/kind names that are split, e.g. ['up.kernel', 'up.bias', 'down.kernel']."""
+    names = []
+    for path, spec in jax.tree_util.tree_flatten_with_path(pspecs, is_leaf=lambda x: isinstance(x, P))[0]:
+        keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
+        name = ".".join(keys[2:]) if keys[0] == "blocks" else ".".join(keys)
+        if spec != P() and name not in names:
+            names.append(name)
+    return names
+
+
+def local_param_bytes(params) -> int:
+    """Parameter bytes held by the first device (its shards plus the replicated rest)."""
+    return int(sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(params)))
+
+
+class _TensorBase(Strategy):
+    """What `tensor` and `tensor-auto` share: mesh checks, the sharded state, accounting."""
+
+    default_axes = {TENSOR: -1}
+    uses_collectives = True
+
+    def make_mesh(self, devices):
+        mesh = super().make_mesh(devices)
+        shape = meshlib.mesh_shape(mesh)
+        if shape.get(meshlib.STAGE, 1) > 1:
+            raise meshlib.MeshError(f"--strategy {self.name} uses the tensor (and data) axes; "
+                                    "drop stage= from --mesh or use --strategy hybrid")
+        return mesh
+
+    def init(self, model, tx, mesh):
+        self.mesh, self.tx = mesh, tx
+        shape = meshlib.mesh_shape(mesh)
+        self.degree, self.data = shape.get(TENSOR, 1), shape.get(DATA, 1)
+        check_divisible(model, self.degree, self.name)
+        self.is_vit = isinstance(model, ViT)
+        self.width, self.depth = model.blocks[0].up.in_features, len(model.blocks)
+        self.graphdef, params, model_state = steplib.split_model(model)
+        ref = steplib.init_state(params, model_state, tx)
+        self.pspecs = param_specs(params)
+        self.specs = state_specs(ref, tx, self.pspecs)
+        self.shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), self.specs,
+                                      is_leaf=lambda x: isinstance(x, P))
+        self.batch_spec = P(DATA) if DATA in shape else P()
+        self.replicated = NamedSharding(mesh, P())
+        self.batch_sharding = NamedSharding(mesh, self.batch_spec)
+        self._build_programs()
+        state = self.state_from_reference(ref)
+        self.param_bytes = local_param_bytes(state.params)
+        return state
+
+    def _build_programs(self) -> None:
+        raise NotImplementedError
+
+    def place_batch(self, batch):
+        n = len(batch["label"])
+        if n % self.data:
+            from jaxpar.train import ConfigError
+
+            raise ConfigError(f"batch of {n} does not split over data={self.data}; change "
+                              "--batch-size (or --eval-batch-size) to a multiple of it")
+        return jax.device_put(batch, self.batch_sharding)
+
+    def state_from_reference(self, ref):
+        return jax.device_put(ref, self.shardings)
+
+    def theory(self) -> dict[str, int]:
+        batch_local = self.config.data.batch_size // self.data
+        total = theory.tensor_collective_bytes(
+            batch_local=batch_local, width=self.width, depth=self.depth, degree=self.degree,
+            vit=self.is_vit, data=self.data, param_bytes_local=self.param_bytes)
+        return {"total": total}
+
+    def accounting(self, step_stats, state) -> dict:
+        return {**super().accounting(step_stats, state), "param_bytes_per_device": self.param_bytes}
+
+    def describe(self):
+        return {**super().describe(), "tensor_degree": self.degree, "data_degree": self.data,
+                "sharded_params": sharded_names(self.pspecs),
+                "replicated": "stem/patch_embed, pos_embed, LayerNorms, head, row-layer biases",
+                "param_bytes_per_device": self.param_bytes}
+
+
+def _row(linear: nnx.Linear, a: jax.Array) -> jax.Array:
+    """Row-parallel Linear: partial products summed over TENSOR, then the bias added once."""
+    return jax.lax.psum(a @ linear.kernel[...], TENSOR) + linear.bias[...]
+
+
+def _varying(x: jax.Array) -> jax.Array:
+    # Megatron's `f`: identity forward; its transpose is the block's one backward all-reduce.
+    return jax.lax.pcast(x, TENSOR, to="varying")
+
+
+def tp_block(block, h: jax.Array) -> jax.Array:
+    """One block on this device's shard of it (same math as `block(h)` on the whole)."""
+    if isinstance(block, TransformerBlock):
+        h = h + _row(block.out, block.attention_heads(_varying(block.ln1(h))))
+        return h + _row(block.down, nnx.gelu(block.up(_varying(block.ln2(h)))))
+    return h + _row(block.down, ACTIVATIONS[block.activation](block.up(_varying(h))))
+
+
+class Tensor(_TensorBase):
+    name = "tensor"
+
+    def _build_programs(self):
+        batch_specs = {"image": self.batch_spec, "label": self.batch_spec,
+                       "weight": self.batch_spec}
+        smap = functools.partial(jax.shard_map, mesh=self.mesh)
+        step = smap(self._local_step, in_specs=(self.specs, batch_specs),
+                    out_specs=(self.specs, P()))
+        grads = smap(self._local_grads, in_specs=(self.specs, batch_specs),
+                     out_specs=self.pspecs)
+        evals = smap(self._local_eval, in_specs=(self.specs, batch_specs), out_specs=P())
+        self._register("step", step, donate_argnums=0)
+        self._register("gradients", grads)
+        self._register("eval_step", evals)
+
+    def _loss(self, params, model_state, batch, denom, train=True):
+        model = nnx.merge(self.graphdef, params, model_state)
+        h = model.embed(steplib.normalize(batch["image"]))
+        for block in model.blocks:
+            h = tp_block(block, h)
+        return steplib.loss_from_logits(model.readout(h), batch, denom)
+
+    def _grads_and_sums(self, state, batch):
+        params, denom = state.params, None
+        if self.data > 1:
+            # Per-shard loss over the global weight total, params cast DATA-varying so the
+            # gradient is this shard's share, summed explicitly below (not implicitly).
+            params = jax.lax.pcast(params, DATA, to="varying")
+            denom = jax.lax.psum(batch["weight"].sum(), DATA)
+        grads, sums = jax.grad(self._loss, has_aux=True)(params, state.model_state, batch, denom)
+        if self.data > 1:
+            grads, sums = jax.lax.psum((grads, sums), DATA)
+        return grads, sums
+
+    def _local_step(self, state, batch):
+        grads, sums = self._grads_and_sums(state, batch)
+        return steplib.apply_update(state, grads, self.tx), sums
+
+    def _local_grads(self, state, batch):
+        return self._grads_and_sums(state, batch)[0]
+
+    def _local_eval(self, state, batch):
+        _, sums = self._loss(state.params, state.model_state, batch, None, train=False)
+        return jax.lax.psum(sums, DATA) if self.data > 1 else sums
