@@ -31,8 +31,10 @@ class MpiAllreduce(Strategy):
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
 
     def make_mesh(self, devices):
-        # One local device per rank; the ranks are the data axis, joined by MPI.
-        return meshlib.make_mesh({meshlib.DATA: 1}, list(devices)[:1])
+        # One local device per rank; the ranks are the data axis, joined by MPI. (Under
+        # jax.distributed `devices` is global: take this process's own.)
+        local = [d for d in devices if d.process_index == jax.process_index()]
+        return meshlib.make_mesh({meshlib.DATA: 1}, local[:1])
 
     def init(self, model, tx, mesh):
         self.mesh, self.tx = mesh, tx

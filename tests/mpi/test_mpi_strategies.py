@@ -6,6 +6,7 @@ communicator size: every rank computes the `single` reference in-process on the 
 
 import os
 
+import jax
 import pytest
 
 import equivalence as eq
@@ -19,11 +20,22 @@ def test_world_size_is_what_was_launched(comm):
     assert comm.Get_size() == expected
 
 
-@pytest.mark.parametrize("strategy", ["mpi-allreduce", "mpi-param-server"])
-def test_equivalent_to_single(comm, strategy):
+def reference(size, monkeypatch):
+    """`single` on the full global batch, in this process, on this process's own device."""
+    monkeypatch.setattr(jax, "devices", jax.local_devices)
+    trace = eq.run(eq.config(batch_size=16 * size, strategy="single"), steps=5)
+    monkeypatch.undo()
+    return trace
+
+
+@pytest.mark.parametrize("strategy", ["mpi-allreduce", "mpi-param-server", "dp-auto"])
+def test_equivalent_to_single(comm, strategy, monkeypatch):
     size = comm.Get_size()
-    ref = eq.run(eq.config(batch_size=16 * size, strategy="single"), steps=5)
+    ref = reference(size, monkeypatch)
     got = eq.run(eq.config(batch_size=16 * size, strategy=strategy), steps=5)
     eq.assert_equivalent(ref, got)
-    assert got.strategy.describe()["processes"] == size
+    if strategy == "dp-auto":
+        assert jax.process_count() == size and got.strategy.describe()["devices"] == size
+    else:
+        assert got.strategy.describe()["processes"] == size
     assert got.strategy.trace_counts["step"] == 1
