@@ -56,6 +56,23 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (DataError, MeshError, ResultsError, ConfigError, ValueError)
 
 
+def _distributed_mode(config) -> str:
+    """mpi4jax strategies join ranks with MPI itself; the rest join them with jax.distributed."""
+    from jaxpar.parallel import STRATEGIES
+    from jaxpar.train import ConfigError
+
+    cls = STRATEGIES[config.parallel.strategy]
+    if getattr(cls, "uses_mpi", False):
+        return "none"
+    from jaxpar.distributed import launcher
+    mode = config.parallel.distributed
+    many = mode in ("mpi", "slurm") or (mode == "auto" and launcher() is not None)
+    if many and not cls.supports_multiprocess:
+        raise ConfigError(f"--strategy {cls.name} cannot run across processes; launch one process "
+                          "or pick a strategy that can (mpi-allreduce, mpi-param-server, dp-auto)")
+    return mode
+
+
 def run(argv: list[str]) -> int:
     args = build_parser(COMMANDS).parse_args(argv)
     if args.command in STUDIES:
@@ -100,17 +117,21 @@ def _dispatch(args, config, console) -> int:
     if out is not None:
         results.ensure_writable(out)  # fail before the work, not after it
     simulate_cpu_devices(config.parallel.devices)  # before JAX's backend starts
+    from jaxpar import distributed
+    distributed.setup(_distributed_mode(config), config.parallel.single_thread)
+    main = distributed.is_main()  # only rank 0 prints and writes results
 
     if args.command == "train":
         from jaxpar.train import train
 
-        result = train(config, console=console)
+        result = train(config, console=console if main else None)
     else:
         from jaxpar.bench import benchmark, report
 
         result = benchmark(config, iters=args.iters, warmup=args.warmup)
-        console.print(report(result))
-    if out is not None:
+        if main:
+            console.print(report(result))
+    if out is not None and main:
         console.print(f"wrote {results.save(result, out)}")
     return 0
 

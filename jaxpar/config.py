@@ -61,6 +61,8 @@ class ParallelConfig:
     microbatches: int = _opt(4, "pipeline: micro-batches per global batch (M)")
     schedule: str = _opt("gpipe", "pipeline schedule: gpipe (fill-drain) | 1f1b")
     remat: bool = _opt(False, "pipeline: recompute stage activations in the backward pass")
+    distributed: str = _opt("auto", "join processes with jax.distributed: auto (when launched by mpiexec/srun) | mpi | slurm | none")
+    single_thread: bool = _opt(False, "one XLA thread per process, pinned to core rank %% cores (honest rank scaling)")
 
 
 @dataclass(frozen=True)

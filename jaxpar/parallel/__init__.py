@@ -2,6 +2,8 @@
 (`base.Strategy`), one plain registry; the CLI's `--strategy` choices come from it."""
 
 from jaxpar.parallel.base import Strategy
+from jaxpar.parallel.mpi_allreduce import MpiAllreduce
+from jaxpar.parallel.mpi_param_server import MpiParamServer
 from jaxpar.parallel.dp_auto import DPAuto
 from jaxpar.parallel.dp_pmap import DPPmap
 from jaxpar.parallel.dp_shard_map import DPShardMap
@@ -15,6 +17,8 @@ from jaxpar.parallel.layer_split import LayerSplit
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "single": Single,
+    "mpi-allreduce": MpiAllreduce,
+    "mpi-param-server": MpiParamServer,
     "dp-pmap": DPPmap,
     "dp-shard-map": DPShardMap,
     "dp-auto": DPAuto,
