@@ -9,6 +9,7 @@ from jaxpar.parallel.dp_pmap import DPPmap
 from jaxpar.parallel.dp_shard_map import DPShardMap
 from jaxpar.parallel.fsdp import FSDP
 from jaxpar.parallel.local_sgd import LocalSGD
+from jaxpar.parallel.hybrid import Hybrid
 from jaxpar.parallel.pipeline import Pipeline
 from jaxpar.parallel.single import Single
 from jaxpar.parallel.tensor import Tensor
@@ -25,6 +26,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "fsdp": FSDP,
     "local-sgd": LocalSGD,
     "pipeline": Pipeline,
+    "hybrid": Hybrid,
     "tensor": Tensor,
     "tensor-auto": TensorAuto,
     "layer-split": LayerSplit,

@@ -36,8 +36,6 @@ from jaxpar.parallel.layout import map_param_trees
 STAGED_MODELS = ("stack-mlp", "vit")
 
 
-def _varying(x):
-    return lax.pcast(x, STAGE, to="varying")
 
 
 class Pipeline(Strategy):
@@ -78,10 +76,11 @@ class Pipeline(Strategy):
         ref_state = steplib.init_state(params, self.model_state, tx)
         pipe_state = jax.eval_shape(lambda s: map_param_trees(s, self.ref_template, self._to_pipe), ref_state)
         spec = lambda t: {"outer": jax.tree.map(lambda _: P(), t["outer"]),  # noqa: E731
-                          "blocks": jax.tree.map(lambda _: P(STAGE), t["blocks"])}
+                          "blocks": jax.tree_util.tree_map_with_path(self._block_spec, t["blocks"])}
         self.state_specs = map_param_trees(pipe_state, self.pipe_template, spec, other=lambda _: P())
-        self.replicated = NamedSharding(mesh, P())
-        shard = functools.partial(jax.shard_map, mesh=mesh, in_specs=(self.state_specs, P()))
+        self.batch_spec = P(self.data_axis) if self.data_axis else P()
+        self.batch_sharding = NamedSharding(mesh, self.batch_spec)
+        shard = functools.partial(jax.shard_map, mesh=mesh, in_specs=(self.state_specs, self.batch_spec))
         self._register("step", shard(self._step, out_specs=(self.state_specs, P())), donate_argnums=0)
         self._register("gradients", shard(lambda s, b: self._grads(s, b)[0],
                                           out_specs=spec(self.pipe_template)))
@@ -109,8 +108,9 @@ class Pipeline(Strategy):
         return jax.device_put(pipe, shardings)
 
     def place_batch(self, batch):
-        # Every stage sees the batch: stage 0 reads images, the last stage labels and weights.
-        return jax.device_put(batch, self.replicated)
+        # Every stage sees the batch (its data shard): stage 0 reads images, the last stage
+        # labels and weights.
+        return jax.device_put(batch, self.batch_sharding)
 
     def gradients(self, state, batch):
         return self._to_ref(jax.device_get(self._call("gradients", state, batch)))
@@ -130,10 +130,40 @@ class Pipeline(Strategy):
 
     def _stage(self, blocks, h):
         def one_block(h, block_params):
-            return nnx_merge(self.block_graphdef, block_params, self.block_rest)(h), None
+            return self._block(block_params, h), None
 
         run = lambda b, h: lax.scan(one_block, h, b)[0]  # noqa: E731
         return (jax.checkpoint(run) if self.config.parallel.remat else run)(blocks, h)
+
+    # --- axes: the hooks `hybrid` changes ------------------------------------------------------
+    data_axis: str | None = None  # batch axis (hybrid: DATA)
+
+    @property
+    def sum_axes(self) -> tuple[str, ...]:
+        """Axes over which per-device gradients of replicated weights and metrics are summed."""
+        return (STAGE,) + ((self.data_axis,) if self.data_axis else ())
+
+    def _varying(self, x):
+        return lax.pcast(x, self.sum_axes, to="varying")
+
+    def _vary_params(self, params):
+        # Stem and head are replicated (invariant over STAGE, and DATA): cast them varying so
+        # their gradients stay per device (no implicit sum inside a stage's branch), then add
+        # them up explicitly; blocks are already per stage.
+        blocks = params["blocks"]
+        if self.data_axis:
+            blocks = lax.pcast(blocks, self.data_axis, to="varying")
+        return {"outer": self._varying(params["outer"]), "blocks": blocks}
+
+    def _denom(self, batch):
+        total = batch["weight"].sum()
+        return lax.psum(total, self.data_axis) if self.data_axis else total
+
+    def _block_spec(self, path, leaf) -> P:
+        return P(STAGE)
+
+    def _block(self, block_params, h):
+        return nnx_merge(self.block_graphdef, block_params, self.block_rest)(h)
 
     def _micro(self, batch, m_count):
         return jax.tree.map(lambda x: x.reshape(m_count, -1, *x.shape[1:]), batch)
@@ -143,9 +173,9 @@ class Pipeline(Strategy):
         """This stage's share of the loss (non-zero on the last stage) and metric sums."""
         S, s = self.S, lax.axis_index(STAGE)
         mb = self._micro(batch, m_count)
-        denom = batch["weight"].sum()
+        denom = self._denom(batch)
         act = jax.eval_shape(self._embed, params["outer"], mb["image"][0])
-        zero_sums = {k: _varying(jnp.zeros((), jnp.float32)) for k in ("loss_sum", "correct", "count")}
+        zero_sums = {k: self._varying(jnp.zeros((), jnp.float32)) for k in ("loss_sum", "correct", "count")}
 
         def tick(carry, t):
             recv, loss, sums = carry
@@ -161,7 +191,7 @@ class Pipeline(Strategy):
             send = lax.ppermute(out, STAGE, [(i, i + 1) for i in range(S - 1)])
             return (send, loss, sums), None
 
-        init = (_varying(jnp.zeros(act.shape, act.dtype)), _varying(jnp.zeros((), jnp.float32)), zero_sums)
+        init = (self._varying(jnp.zeros(act.shape, act.dtype)), self._varying(jnp.zeros((), jnp.float32)), zero_sums)
         (_, loss, sums), _ = lax.scan(tick, init, jnp.arange(m_count + S - 1))
         return loss, sums
 
@@ -171,11 +201,11 @@ class Pipeline(Strategy):
         kinds = jnp.asarray([[{None: 0, "F": 1, "B": 2}[x[0] if x else None] for x in row] for row in self.table])
         mbs = jnp.asarray([[x[1] if x else 0 for x in row] for row in self.table])
         mb = self._micro(batch, M)
-        denom = batch["weight"].sum()
+        denom = self._denom(batch)
         act = jax.eval_shape(self._embed, params["outer"], mb["image"][0])
-        buf = lambda: _varying(jnp.zeros((S, *act.shape), act.dtype))  # noqa: E731
-        nothing = lambda: _varying(jnp.zeros(act.shape, act.dtype))  # noqa: E731
-        zero_sums = {k: _varying(jnp.zeros((), jnp.float32)) for k in ("loss_sum", "correct", "count")}
+        buf = lambda: self._varying(jnp.zeros((S, *act.shape), act.dtype))  # noqa: E731
+        nothing = lambda: self._varying(jnp.zeros(act.shape, act.dtype))  # noqa: E731
+        zero_sums = {k: self._varying(jnp.zeros((), jnp.float32)) for k in ("loss_sum", "correct", "count")}
 
         def stage_out(p, h):
             return self._stage(p["blocks"], h)
@@ -200,7 +230,7 @@ class Pipeline(Strategy):
 
                 def through_last():
                     _, vjp, sums_m = jax.vjp(lambda p, h: last_loss(p, h, x), params, inp, has_aux=True)
-                    dp, dh = vjp(_varying(jnp.ones((), jnp.float32)))
+                    dp, dh = vjp(self._varying(jnp.ones((), jnp.float32)))
                     return dp, dh, sums_m
 
                 def through_middle():
@@ -231,24 +261,22 @@ class Pipeline(Strategy):
 
     # --- programs ---------------------------------------------------------------------------
     def _grads(self, state, batch):
-        # Stem and head are replicated (invariant over STAGE); cast them varying so their
-        # gradients stay per stage, then add them up explicitly below.
-        params = {"outer": _varying(state.params["outer"]), "blocks": state.params["blocks"]}
+        params = self._vary_params(state.params)
         if self.schedule == "gpipe":
             grads, sums = jax.grad(lambda p: self._gpipe_loss(p, batch, self.M), has_aux=True)(params)
         else:
             grads, sums = self._one_f_one_b(params, batch)
-        grads = {"outer": lax.psum(grads["outer"], STAGE), "blocks": grads["blocks"]}
-        return grads, lax.psum(sums, STAGE)
+        grads = {"outer": lax.psum(grads["outer"], self.sum_axes),
+                 "blocks": lax.psum(grads["blocks"], self.data_axis) if self.data_axis else grads["blocks"]}
+        return grads, lax.psum(sums, self.sum_axes)
 
     def _step(self, state, batch):
         grads, sums = self._grads(state, batch)
         return steplib.apply_update(state, grads, self.tx), sums
 
     def _eval(self, state, batch):
-        params = {"outer": _varying(state.params["outer"]), "blocks": state.params["blocks"]}
-        _, sums = self._gpipe_loss(params, batch, 1)
-        return lax.psum(sums, STAGE)
+        _, sums = self._gpipe_loss(self._vary_params(state.params), batch, 1)
+        return lax.psum(sums, self.sum_axes)
 
     # --- accounting -------------------------------------------------------------------------
     def describe(self) -> dict:

@@ -1,0 +1,49 @@
+"""`hybrid` (data x tensor x stage on one mesh) equals `single`; its blocks are split 1/(S T)
+per device; bad shapes name the option."""
+
+import functools
+
+import jax
+import pytest
+
+import equivalence as eq
+from conftest import requires_devices
+from jaxpar.config import ConfigError
+
+BASE = dict(model="stack-mlp", width=32, depth=4, batch_size=32, lr=0.01)
+
+
+@functools.lru_cache(maxsize=None)
+def reference():
+    return eq.run(eq.config(**BASE), steps=5)
+
+
+@requires_devices(8)
+@pytest.mark.parametrize("mesh,micro,schedule,devices", [
+    ("data=2,tensor=2,stage=2", 2, "gpipe", 8),
+    ("data=2,tensor=2,stage=2", 4, "1f1b", 8),
+    ("tensor=2,stage=4", 8, "1f1b", 8),
+])
+def test_hybrid_equals_single(mesh, micro, schedule, devices):
+    cfg = eq.config(strategy="hybrid", mesh=mesh, microbatches=micro, schedule=schedule, **BASE)
+    eq.assert_equivalent(reference(), eq.run(cfg, steps=5, devices=devices))
+
+
+@requires_devices(8)
+def test_block_kernels_are_split_over_stage_and_tensor():
+    cfg = eq.config(strategy="hybrid", mesh="data=2,tensor=2,stage=2", microbatches=2, **BASE)
+    state = eq.run(cfg, steps=1, devices=8).state
+    for name in ("up", "down"):
+        kernel = state.params["blocks"][name]["kernel"]
+        assert kernel.addressable_shards[0].data.size * 4 == kernel.size
+
+
+@pytest.mark.parametrize("options,needle", [
+    (dict(model="vit", width=32, depth=2), "--model stack-mlp"),
+    (dict(width=33), "--width"),
+    (dict(microbatches=3), "--batch-size"),
+])
+def test_bad_shapes_name_the_option(options, needle):
+    cfg = eq.config(strategy="hybrid", mesh="tensor=2,stage=2", **{**BASE, "microbatches": 2, **options})
+    with pytest.raises(ConfigError, match=needle):
+        eq.run(cfg, steps=1, devices=4)
