@@ -8,6 +8,7 @@ from jaxpar.parallel.dp_shard_map import DPShardMap
 from jaxpar.parallel.fsdp import FSDP
 from jaxpar.parallel.local_sgd import LocalSGD
 from jaxpar.parallel.single import Single
+from jaxpar.parallel.tensor import Tensor
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "single": Single,
@@ -16,6 +17,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "dp-auto": DPAuto,
     "fsdp": FSDP,
     "local-sgd": LocalSGD,
+    "tensor": Tensor,
 }
 
 __all__ = ["STRATEGIES", "Strategy"]
