@@ -9,6 +9,7 @@ from jaxpar.parallel.fsdp import FSDP
 from jaxpar.parallel.local_sgd import LocalSGD
 from jaxpar.parallel.single import Single
 from jaxpar.parallel.tensor import Tensor
+from jaxpar.parallel.tensor_auto import TensorAuto
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "single": Single,
@@ -18,6 +19,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "fsdp": FSDP,
     "local-sgd": LocalSGD,
     "tensor": Tensor,
+    "tensor-auto": TensorAuto,
 }
 
 __all__ = ["STRATEGIES", "Strategy"]
