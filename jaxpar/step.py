@@ -84,11 +84,18 @@ def loss_fn(params: Params, graphdef: nnx.GraphDef, model_state: Params, batch: 
       (loss, (model_state, metric_sums))
     """
     logits, new_state = forward(graphdef, params, model_state, batch["image"], train)
+    loss, sums = loss_from_logits(logits, batch, denom)
+    return loss, (new_state, sums)
+
+
+def loss_from_logits(logits: jax.Array, batch: dict, denom: jax.Array | None = None):
+    """`loss_fn` after the forward pass: for a model-parallel last stage that holds logits,
+    not images. Returns (loss, metric_sums); `denom` as in `loss_fn`."""
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
     sums = metric_sums(logits, losses, batch)
     if denom is None:
         denom = sums["count"]
-    return sums["loss_sum"] / denom, (new_state, sums)
+    return sums["loss_sum"] / denom, sums
 
 
 grad_fn = jax.grad(loss_fn, has_aux=True)

@@ -6,6 +6,7 @@ from jaxpar.parallel.dp_auto import DPAuto
 from jaxpar.parallel.dp_pmap import DPPmap
 from jaxpar.parallel.dp_shard_map import DPShardMap
 from jaxpar.parallel.fsdp import FSDP
+from jaxpar.parallel.layer_split import LayerSplit
 from jaxpar.parallel.local_sgd import LocalSGD
 from jaxpar.parallel.single import Single
 from jaxpar.parallel.tensor import Tensor
@@ -20,6 +21,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "local-sgd": LocalSGD,
     "tensor": Tensor,
     "tensor-auto": TensorAuto,
+    "layer-split": LayerSplit,
 }
 
 __all__ = ["STRATEGIES", "Strategy"]
