@@ -107,6 +107,9 @@ class LayerSplit(Strategy):
                     delattr(piece, key)
             self.ends[end] = nnx.split(piece, nnx.Param, ...)[0]
 
+        embed = lambda p: nnx.merge(self.ends[0], p).embed(steplib.normalize(np.zeros(image.shape, np.uint8)))
+        act = jax.eval_shape(embed, {k: outer_params[k] for k in self.keys[0]})
+        self.act_bytes_per_example = int(np.prod(act.shape)) * act.dtype.itemsize
         ref = steplib.init_state(params, model_state, tx)
         self.stage_templates = [self._stage_tree(self.template, s) for s in range(self.s)]
         self._register_programs()
@@ -262,6 +265,11 @@ class LayerSplit(Strategy):
         return {**super().describe(), "axes": {STAGE: "consecutive blocks"},
                 "blocks_per_stage": self.per_stage}
 
+    def transfer_theory(self) -> int:
+        """Bytes moved between devices per step: the residual stream of the whole batch
+        crosses each of the S-1 stage boundaries once forward, its gradient once backward."""
+        return 2 * (self.s - 1) * self.config.data.batch_size * self.act_bytes_per_example
+
     def accounting(self, step_stats, state):
         """No collectives: activations move between devices by device_put, S-1 times forward
         and S-1 times backward; state bytes are the largest stage's."""
@@ -273,6 +281,7 @@ class LayerSplit(Strategy):
             "collective_bytes_by_op": step_stats["collective_bytes"],
             "collective_bytes_theory": self.theory(),
             "activation_transfer_bytes_per_step": moved,
+            "activation_transfer_bytes_theory": self.transfer_theory(),
             "state_bytes_per_device": max(per_stage),
             "state_bytes_per_stage": per_stage,
             "param_bytes_per_stage": [profile.tree_bytes(st.params) for st in state],
