@@ -15,7 +15,8 @@ from jaxpar.mesh import MeshError
 
 # Small and fast; the ViT has 4 heads, so tensor=4 puts one head on each device.
 # (SGD at lr 0.1 makes the stack-mlp diverge within 5 steps: 0.02 keeps the comparison meaningful)
-MODELS = {"stack-mlp": dict(model="stack-mlp", width=32, depth=2, batch_size=16, lr=0.02),
+MODELS = {"stack-mlp": dict(model="stack-mlp", width=32, depth=2, batch_size=16, lr=0.02,
+                       optimizer="momentum"),
           "vit": dict(model="vit", width=16, depth=2, batch_size=8)}
 MESHES = ["tensor=4", "data=2,tensor=2"]
 FLOOR = {"stack-mlp": 0.0, "vit": 1e-2}  # the ViT's key-bias gradient is zero up to rounding
@@ -106,11 +107,9 @@ def test_a_stage_axis_is_refused():
 
 @requires_devices(4)
 def test_optimizer_state_converts_to_the_reference_layout():
-    # momentum's trace is parameter-shaped: after 3 steps it must equal single's, and survive
-    # a round trip through the reference layout
-    options = dict(MODELS["stack-mlp"], optimizer="momentum")
-    ref = eq.run(eq.config(**options), steps=3)
-    got = eq.run(eq.config(strategy="tensor", mesh="data=2,tensor=2", **options), steps=3, devices=4)
+    # momentum's trace is parameter-shaped: after the run it must equal single's, and
+    # survive a round trip through the reference layout
+    ref, got = reference("stack-mlp"), trace("tensor", "stack-mlp", "data=2,tensor=2")
     state = got.strategy.state_to_reference(got.state)
     eq.assert_tree_close(jax.device_get(ref.state.opt_state), state.opt_state, what="optimizer state")
     back = got.strategy.state_to_reference(got.strategy.state_from_reference(state))
