@@ -34,8 +34,21 @@ data: install
 run: data
 	$(PY) -m experiments train $(ARGS)
 
-test: install
+# The `mpi` extra: pip's MPICH (no apt) first, then mpi4jax built from source against THAT
+# MPI (its mpicc pinned, so a system MPI cannot sneak in). mpi4jax has no CPU-only switch:
+# CUDA_PATH must name an existing empty folder or its setup.py picks up a stray nvcc.
+$(VENV)/.mpi-installed: $(VENV)/.installed-test
+	$(PY) -m pip install -q mpi4py mpich nanobind setuptools wheel
+	mkdir -p $(VENV)/no-cuda
+	MPI4JAX_BUILD_MPICC=$(abspath $(VENV))/bin/mpicc CUDA_PATH=$(abspath $(VENV))/no-cuda \
+	  $(PY) -m pip install -q --no-cache-dir --no-build-isolation mpi4jax
+	@touch $@
+
+MPI_RANKS ?= 2
+test: install $(VENV)/.mpi-installed
 	$(PY) -m pytest -q $(ARGS)
+	JAX_PLATFORMS=cpu JAXPAR_EXPECT_RANKS=$(MPI_RANKS) timeout 600 \
+	  $(VENV)/bin/mpiexec -n $(MPI_RANKS) $(PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-from experiments import scaling
+from experiments import figures, hparam, pipeline_study, scaling
 from experiments.cli import build_parser, config_from_args
 
 
@@ -28,11 +28,18 @@ COMMANDS = {
     "scaling": {"help": "data-parallel strategies over device counts, strong and weak scaling "
                         "(one bench process per point); writes OUT/summary.md",
                 "config": False, "extra": "scaling"},
+    "pipeline": {"help": "pipeline bubble and activation memory vs micro-batches, GPipe vs 1F1B "
+                         "(from the schedule tables); writes OUT/pipeline.json",
+                 "config": False, "extra": "pipeline"},
+    "hparam": {"help": "lr/momentum/seed search as vmapped trials vs one by one; writes OUT/hparam.json",
+               "config": False, "extra": "hparam"},
+    "figures": {"help": "redraw every figure from results files (--data) into --out",
+                "config": False, "extra": "figures"},
     "prepare-data": {"help": "prepare a dataset ahead of time (for offline machines and clusters)",
                      "config": {"dataset", "data_dir", "cache_dir"}},
 }
 
-STUDIES = {"scaling": scaling}
+STUDIES = {"scaling": scaling, "pipeline": pipeline_study, "figures": figures, "hparam": hparam}
 for _name, _module in STUDIES.items():
     COMMANDS[_name]["extra"] = _module.add_flags
 
@@ -49,6 +56,23 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (DataError, MeshError, ResultsError, ConfigError, ValueError)
 
 
+def _distributed_mode(config) -> str:
+    """mpi4jax strategies join ranks with MPI itself; the rest join them with jax.distributed."""
+    from jaxpar.parallel import STRATEGIES
+    from jaxpar.train import ConfigError
+
+    cls = STRATEGIES[config.parallel.strategy]
+    if getattr(cls, "uses_mpi", False):
+        return "none"
+    from jaxpar.distributed import launcher
+    mode = config.parallel.distributed
+    many = mode in ("mpi", "slurm") or (mode == "auto" and launcher() is not None)
+    if many and not cls.supports_multiprocess:
+        raise ConfigError(f"--strategy {cls.name} cannot run across processes; launch one process "
+                          "or pick a strategy that can (mpi-allreduce, mpi-param-server, dp-auto)")
+    return mode
+
+
 def run(argv: list[str]) -> int:
     args = build_parser(COMMANDS).parse_args(argv)
     if args.command in STUDIES:
@@ -61,6 +85,9 @@ def run(argv: list[str]) -> int:
 
     try:
         return _dispatch(args, config, console)
+    except Interrupted as e:  # SIGTERM / Ctrl-C after saving a checkpoint
+        print(str(e), file=sys.stderr)
+        return e.exit_code
     except _user_errors() as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -90,17 +117,21 @@ def _dispatch(args, config, console) -> int:
     if out is not None:
         results.ensure_writable(out)  # fail before the work, not after it
     simulate_cpu_devices(config.parallel.devices)  # before JAX's backend starts
+    from jaxpar import distributed
+    distributed.setup(_distributed_mode(config), config.parallel.single_thread)
+    main = distributed.is_main()  # only rank 0 prints and writes results
 
     if args.command == "train":
         from jaxpar.train import train
 
-        result = train(config, console=console)
+        result = train(config, console=console if main else None)
     else:
         from jaxpar.bench import benchmark, report
 
         result = benchmark(config, iters=args.iters, warmup=args.warmup)
-        console.print(report(result))
-    if out is not None:
+        if main:
+            console.print(report(result))
+    if out is not None and main:
         console.print(f"wrote {results.save(result, out)}")
     return 0
 

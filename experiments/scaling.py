@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from jaxpar import results
+from jaxpar.checkpoint import pending
 
 DP_STRATEGIES = ("dp-pmap", "dp-shard-map", "dp-auto", "fsdp", "local-sgd")
 POINT_TIMEOUT_S = 600  # one bench process; a hang must not stall the study
@@ -56,16 +57,19 @@ def run(args: argparse.Namespace) -> list[Path]:
     if args.quick:
         models, counts, extra = ["mlp"], [1, 2], ["--width", "64", "--depth", "1", "--warmup", "1"]
         strategies, args.iters, args.modes = strategies[:2], 3, "strong"
+    points = [(mode, model, n, strategy) for mode in args.modes.split(",") for model in models
+              for n in counts for strategy in (["single"] if n == 1 else strategies)]
+    folder = lambda p: out / p[0] / f"{p[1]}-{p[3]}-{p[2]}"  # noqa: E731
+    # Resuming a stopped study: points whose result file is complete are not run again.
+    todo = pending(points, lambda p: folder(p) / results.RESULT_FILE)
+    if len(todo) < len(points):
+        print(f"{len(points) - len(todo)} of {len(points)} points already done in {out}; running the rest")
     written = []
-    for mode in args.modes.split(","):
-        for model in models:
-            for n in counts:
-                batch = args.batch_size * (n if mode == "weak" else 1)
-                names = ["single"] if n == 1 else strategies
-                for strategy in names:
-                    point = out / mode / f"{model}-{strategy}-{n}"
-                    print(f"{mode:6} {model:4} {strategy:13} devices={n} batch={batch}", flush=True)
-                    written.append(bench_point(point, model, strategy, n, batch, args.iters, extra))
+    for point in todo:
+        mode, model, n, strategy = point
+        batch = args.batch_size * (n if mode == "weak" else 1)
+        print(f"{mode:6} {model:4} {strategy:13} devices={n} batch={batch}", flush=True)
+        written.append(bench_point(folder(point), model, strategy, n, batch, args.iters, extra))
     table = summary(out)
     results.write_atomic(out / "summary.md", table)
     print(table)

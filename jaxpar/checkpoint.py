@@ -1,240 +1,287 @@
-"""Checkpoints with orbax: the training state in the single-device (reference) layout, so a
-run saved under one strategy or mesh resumes under another.
+"""Checkpoints that lose nothing: orbax, in the reference layout, for every strategy.
 
-A checkpoint (one orbax step folder, written to a temporary folder and renamed when
-complete) holds:
-  state  every array of `strategy.state_to_reference(state)` — parameters, optimizer state,
-         step counter, batch-norm statistics — as leaves named leaf_00000, leaf_00001, ...
-  meta   JSON: the leaves' tree paths, shapes and dtypes (checked against the run that
-         restores), the config, the data position (epoch, batch within the epoch; the order
-         itself is a pure function of seed and epoch) and the validation history so far.
+A checkpoint holds the whole training state in the single-device layout
+(`Strategy.state_to_reference`: parameters, optimizer state with its step count, model state),
+the data-order position (step, epoch, batch within the epoch; the order itself is a pure
+function of (seed, epoch)), the loop's running metrics and history, and the config as JSON.
+Because it is in the reference layout, a checkpoint written under one strategy or mesh
+restores under any other (`state_from_reference`): 8 devices -> 2, dp -> single.
 
-    manager = Checkpoints(directory)
-    manager.save(step, ref_state, meta)
-    ref_state, meta = manager.restore_latest(template)
+    python -m experiments train --model mlp --checkpoint-dir ckpt/run1 --checkpoint-every 500
+    python -m experiments train --model mlp --checkpoint-dir ckpt/run1 --resume
+
+Atomic: orbax writes each step into a temporary folder and renames it when complete, so a
+killed writer leaves no step that looks complete; a step that is complete-looking but
+unreadable (truncated by a lost disk, say) is skipped for the previous one with a warning.
+Multi-process: every process calls save/restore (orbax's collectives); orbax's primary
+process (jax.process_index() == 0) writes the JSON metadata.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import signal
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable, TypeVar
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 
-from jaxpar.config import ConfigError
+from jaxpar.config import ConfigError, TrainConfig, from_dict, to_dict
 
-# Options that may change on resume: where and how the step runs, not what it computes.
-RESUMABLE_CHANGES = {("parallel", "strategy"), ("parallel", "devices"), ("parallel", "mesh"),
-                     ("parallel", "accumulate"), ("parallel", "microbatches"),
-                     ("parallel", "schedule"), ("parallel", "remat"), (None, "steps"),
-                     (None, "epochs"), (None, "out"), (None, "progress"), (None, "checkpoint_every"),
-                     (None, "resume"), (None, "checkpoint_dir"), ("data", "data_dir"),
-                     ("data", "cache_dir"), ("data", "eval_batch_size"), (None, "eval_every")}
-
-
-def _paths(tree) -> list[str]:
-    return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+FORMAT = "jaxpar-checkpoint-v1"
+# Options that may change between a run and its resume: where and how it is placed
+# (the point of reference-layout checkpoints), and bookkeeping that does not touch the
+# numbers. Everything else (data, model, optimizer, seed, length) fixes the trajectory.
+RESUMABLE = {"parallel", "out", "progress", "eval_every", "checkpoint_dir", "checkpoint_every",
+             "resume", "data.data_dir", "data.cache_dir", "data.eval_batch_size"}
 
 
-def describe_leaves(tree) -> list[dict]:
-    """Path, shape and dtype of every leaf (what `meta` records and `restore` checks)."""
-    return [{"path": p, "shape": list(np.shape(x)), "dtype": str(np.asarray(x).dtype)}
-            for p, x in zip(_paths(tree), jax.tree.leaves(tree))]
-
-
-class Checkpoints:
-    """An orbax CheckpointManager over `directory`, keeping the last `keep` checkpoints."""
-
-    def __init__(self, directory: str | os.PathLike, keep: int = 3, read_only: bool = False):
-        import orbax.checkpoint as ocp
-
-        self.directory = Path(directory).absolute()
-        self._ocp = ocp
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
-                                               read_only=read_only,
-                                               enable_async_checkpointing=True)
-        self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                             item_names=("state", "meta"))
-
-    def steps(self) -> list[int]:
-        return sorted(self.manager.all_steps())
-
-    def save(self, step: int, ref_state, meta: dict[str, Any]) -> None:
-        """Save asynchronously (orbax writes a temporary folder and renames it when done)."""
-        leaves = {f"leaf_{i:05d}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(ref_state))}
-        meta = {**meta, "leaves": describe_leaves(ref_state)}
-        args = self._ocp.args.Composite(state=self._ocp.args.StandardSave(leaves),
-                                        meta=self._ocp.args.JsonSave(meta))
-        self.manager.save(step, args=args, force=True)
-
-    def wait(self) -> None:
-        """Block until pending asynchronous saves are on disk."""
-        self.manager.wait_until_finished()
-
-    def read_leaves(self, step: int) -> list[np.ndarray]:
-        """The saved arrays in order, without a template (for comparing runs)."""
-        restored = self.manager.restore(step, args=self._ocp.args.Composite(
-            state=self._ocp.args.StandardRestore()))["state"]
-        return [np.asarray(restored[k]) for k in sorted(restored)]
-
-    def read_meta(self, step: int) -> dict:
-        restored = self.manager.restore(step, args=self._ocp.args.Composite(
-            meta=self._ocp.args.JsonRestore()))
-        return restored["meta"]
-
-    def restore(self, step: int, template) -> tuple[Any, dict]:
-        """The reference state saved at `step`, shaped like `template` (checked first)."""
-        meta = self.read_meta(step)
-        check_compatible(meta["leaves"], describe_leaves(template), self.directory / str(step))
-        restored = self.manager.restore(step, args=self._ocp.args.Composite(
-            state=self._ocp.args.StandardRestore()))["state"]
-        leaves = [np.asarray(restored[f"leaf_{i:05d}"]) for i in range(len(meta["leaves"]))]
-        for leaf, want in zip(leaves, meta["leaves"]):
-            if list(leaf.shape) != want["shape"]:
-                raise ValueError(f"leaf {want['path']} has shape {leaf.shape}, meta says {want['shape']}")
-        return jax.tree.unflatten(jax.tree.structure(template), leaves), meta
-
-    def restore_latest(self, template) -> tuple[Any, dict]:
-        """The newest checkpoint that reads back whole; damaged ones are skipped with a warning.
-
-        Raises:
-          ConfigError: no checkpoint at all, or none compatible with `template`.
-        """
-        steps = self.steps()
-        if not steps:
-            raise ConfigError(
-                f"--resume: {self.directory} holds no jaxpar checkpoint; check --checkpoint-dir, "
-                "or drop --resume to start a new run")
-        for step in reversed(steps):
-            try:
-                return self.restore(step, template)
-            except ConfigError:
-                raise
-            except Exception as e:  # noqa: BLE001 - any read failure means a damaged checkpoint
-                warnings.warn(f"checkpoint {self.directory / str(step)} is damaged ({type(e).__name__}: "
-                              f"{str(e)[:200]}); falling back to the previous one", stacklevel=2)
-        raise ConfigError(f"--resume: every checkpoint in {self.directory} is damaged "
-                          f"(steps {steps}); start a new run with another --checkpoint-dir")
-
-
-def check_compatible(saved: list[dict], wanted: list[dict], where: Path) -> None:
-    """Same leaves, same shapes and dtypes, or a ConfigError naming the first difference."""
-    if [s["path"] for s in saved] != [w["path"] for w in wanted]:
-        missing = {w["path"] for w in wanted} - {s["path"] for s in saved}
-        extra = {s["path"] for s in saved} - {w["path"] for w in wanted}
-        raise ConfigError(
-            f"checkpoint {where} holds a different model or optimizer: "
-            f"{len(missing)} arrays missing (e.g. {sorted(missing)[:2]}), {len(extra)} unexpected "
-            f"(e.g. {sorted(extra)[:2]}); resume with the --model/--depth/--width/--optimizer "
-            "it was saved with")
-    for s, w in zip(saved, wanted):
-        if s["shape"] != w["shape"] or s["dtype"] != w["dtype"]:
-            raise ConfigError(
-                f"checkpoint {where}: {s['path']} is {s['dtype']}{s['shape']} but this run needs "
-                f"{w['dtype']}{w['shape']}; resume with the model options it was saved with")
-
-
-def config_changes(saved: dict, current: dict) -> tuple[list[str], list[str]]:
-    """(allowed, refused) option changes between a saved config and the current one."""
-    allowed, refused = [], []
-    for key, value in current.items():
-        pairs = value.items() if isinstance(value, dict) else [(None, value)]
-        for sub, v in pairs:
-            section, name = (key, sub) if sub is not None else (None, key)
-            old = saved.get(key, {}).get(sub) if sub is not None else saved.get(key)
-            if old != v:
-                flag = "--" + name.replace("_", "-")
-                ((allowed if (section, name) in RESUMABLE_CHANGES else refused)
-                 .append(f"{flag} {old!r} -> {v!r}"))
-    return allowed, refused
-
-
-def check_fresh(directory: str | os.PathLike) -> None:
-    """Refuse to start a new run over existing checkpoints (nothing is overwritten)."""
-    path = Path(directory)
-    if path.exists() and any(p.name.isdigit() for p in path.iterdir()):
-        raise ConfigError(f"--checkpoint-dir {path} already holds checkpoints; pass --resume to "
-                          "continue that run, or choose another --checkpoint-dir")
-
-
-def to_json_safe(x):
-    return json.loads(json.dumps(x, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+class CheckpointError(ConfigError):
+    """A checkpoint directory that cannot be used as asked; the message names the fix."""
 
 
 class Interrupted(Exception):
-    """SIGTERM or Ctrl-C arrived; a checkpoint was saved (the message says how to resume)."""
+    """SIGTERM or Ctrl-C stopped training after a checkpoint was saved."""
 
-    def __init__(self, signum: int, step: int, directory: Path):
-        import signal
-
-        self.exit_code = 128 + signum
-        super().__init__(f"{signal.Signals(signum).name} at step {step}: checkpoint saved in "
-                         f"{directory}; run the same command with --resume to continue")
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum  # the shell's convention for "killed by signal"
 
 
-class RunCheckpointer:
-    """What the training loop needs: resume, periodic saves, and a save on SIGTERM / Ctrl-C."""
+def _key(path) -> str:
+    """'params/blocks/0/kernel' from a pytree path: int keys (nnx.List) become strings and
+    optax's namedtuple fields become names, so orbax sees one flat dict of plain strings."""
+    parts = []
+    for p in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(p, attr):
+                parts.append(str(getattr(p, attr)))
+                break
+    return "/".join(parts)
 
-    def __init__(self, config, strategy):
-        self.config, self.strategy = config, strategy
+
+def flatten(tree: Any) -> dict[str, np.ndarray]:
+    """{path string: host array} for every leaf of `tree`."""
+    return {_key(p): np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def unflatten(target: Any, flat: dict[str, np.ndarray]) -> Any:
+    """`target`'s structure with leaves taken from `flat` (keys as `flatten` writes them)."""
+    paths, treedef = jax.tree_util.tree_flatten_with_path(target)
+    return jax.tree_util.tree_unflatten(treedef, [flat[_key(p)] for p, _ in paths])
+
+
+def _config_diff(saved: dict, current: dict) -> list[str]:
+    """Options that differ and may not (`RESUMABLE` lists those that may)."""
+    out = []
+    for name, value in current.items():
+        if isinstance(value, dict):
+            out += [f"{name}.{k}" for k in _config_diff(saved.get(name, {}), value)
+                    if name not in RESUMABLE and f"{name}.{k}" not in RESUMABLE]
+        elif name not in RESUMABLE and saved.get(name) != value:
+            out.append(name)
+    return out
+
+
+def _diff_message(saved: dict, current: dict, names: list[str]) -> str:
+    def get(d, n):
+        for part in n.split("."):
+            d = d.get(part, {}) if isinstance(d, dict) else None
+        return d
+    return ", ".join(f"--{n.split('.')[-1].replace('_', '-')} {get(saved, n)!r} (now {get(current, n)!r})"
+                     for n in names)
+
+
+class Checkpointer:
+    """Saves and restores one run's checkpoints in `config.checkpoint_dir`.
+
+    Construct before any work: it checks the directory (and, with --resume, that a
+    checkpoint exists) before anything is written, so bad input overwrites nothing.
+    """
+
+    def __init__(self, config: TrainConfig, max_to_keep: int = 3):
+        self.config = config
+        self.directory = Path(config.checkpoint_dir).absolute()
         self.every = config.checkpoint_every
-        self.manager: Checkpoints | None = None
-        self.signal = None
-        if config.resume and not config.checkpoint_dir:
-            raise ConfigError("--resume needs --checkpoint-dir (the folder the run saved into)")
-        if config.checkpoint_dir:
-            if not config.resume:
-                check_fresh(config.checkpoint_dir)  # before anything is written
-            self.manager = Checkpoints(config.checkpoint_dir, read_only=False)
+        self.signum: int | None = None
+        self.last_saved: int | None = None
+        self._handlers: dict[int, Any] = {}
+        steps = self._complete_steps()
+        if config.resume and not steps:
+            what = "does not exist" if not self.directory.exists() else (
+                "holds no jaxpar checkpoint" if any(self.directory.iterdir()) else "is empty")
+            raise CheckpointError(f"--checkpoint-dir {str(self.directory)!r} {what}; drop "
+                                  "--resume to start a new run there")
+        if not config.resume and self.directory.exists() and any(self.directory.iterdir()):
+            latest = f" (latest step {steps[-1]})" if steps else ""
+            raise CheckpointError(f"--checkpoint-dir {str(self.directory)!r} is not empty{latest}; "
+                                  "pass --resume to continue it or choose an empty --checkpoint-dir")
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                               enable_async_checkpointing=True)
+        self.manager = ocp.CheckpointManager(self.directory, options=options)
 
-    def resume(self, state) -> tuple[Any, int, list]:
-        """(state, step to start from, history so far); unchanged when not resuming."""
-        if not self.config.resume:
-            return state, 0, []
-        from jaxpar.config import to_dict
+    def _complete_steps(self) -> list[int]:
+        """Steps whose folder orbax finished (renamed from its temporary name)."""
+        if not self.directory.is_dir():
+            return []
+        return sorted(int(p.name) for p in self.directory.iterdir()
+                      if p.is_dir() and p.name.isdigit() and (p / "meta").is_dir())
 
-        ref, meta = self.manager.restore_latest(self.strategy.state_to_reference(state))
-        allowed, refused = config_changes(meta["config"], to_dict(self.config))
-        if refused:
-            raise ConfigError(f"--resume: the checkpoint in {self.manager.directory} was saved with "
-                              f"other options: {'; '.join(refused)}. Resume with the original values.")
-        if allowed:
-            warnings.warn(f"resuming with changed options: {'; '.join(allowed)}", stacklevel=2)
-        return self.strategy.state_from_reference(ref), int(np.asarray(ref.step)), meta["history"]
+    # --- save ------------------------------------------------------------------------------
+    def due(self, step: int) -> bool:
+        return bool(self.every) and step % self.every == 0
 
+    def save(self, step: int, ref_state: Any, progress: dict) -> Path:
+        """Write step `step` (asynchronously; `close` waits). Returns its folder.
+
+        Args:
+          ref_state: `strategy.state_to_reference(state)` (host arrays).
+          progress: JSON-able loop state: epoch, position, running sums, history.
+        """
+        if step in self.manager.all_steps():  # a corrupt step skipped on resume: replace it
+            self.manager.delete(step)
+        flat = flatten(ref_state)
+        # A copy: orbax writes in the background while the loop keeps adding to `progress`.
+        progress = json.loads(json.dumps(progress))
+        meta = {"format": FORMAT, "step": step, "config": to_dict(self.config),
+                "leaves": {k: [list(v.shape), str(v.dtype)] for k, v in flat.items()}, **progress}
+        self.manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(flat), meta=ocp.args.JsonSave(meta)), force=True)
+        self.last_saved = step
+        return self.directory / str(step)
+
+    def close(self) -> None:
+        """Wait for the last asynchronous save to be complete on disk."""
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+    # --- restore ---------------------------------------------------------------------------
+    def restore(self, target: Any) -> tuple[Any, dict]:
+        """The latest readable checkpoint, as `target`'s structure, and its metadata.
+
+        Args:
+          target: a reference-layout state of the current run (its structure and shapes).
+        Raises:
+          CheckpointError: the config or a parameter shape differs (naming which).
+        """
+        flat_target = flatten(target)
+        steps = self._complete_steps()
+        for step in reversed(steps):
+            folder = self.directory / str(step)
+            try:
+                meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+                if meta.get("format") != FORMAT:
+                    raise CheckpointError(f"{folder} is not a jaxpar checkpoint")
+            except CheckpointError:
+                raise
+            except Exception as e:  # unreadable metadata: a damaged step
+                self._skip(folder, e, steps)
+                continue
+            self._check(meta, flat_target, folder)
+            try:
+                flat = self.manager.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(flat_target)))["state"]
+            except Exception as e:
+                self._skip(folder, e, steps)
+                continue
+            self.last_saved = step  # on disk already: the end of a finished run is not re-saved
+            return unflatten(target, flat), meta
+        raise CheckpointError(f"no readable checkpoint in --checkpoint-dir {str(self.directory)!r} "
+                              f"(steps {steps} all damaged); drop --resume to start over")
+
+    def _skip(self, folder: Path, error: Exception, steps: list[int]) -> None:
+        warnings.warn(f"checkpoint {folder} is damaged ({type(error).__name__}: "
+                      f"{str(error).splitlines()[0][:200] if str(error) else ''}); "
+                      "falling back to the previous one", stacklevel=3)
+
+    def _check(self, meta: dict, flat_target: dict, folder: Path) -> None:
+        current = to_dict(self.config)
+        names = _config_diff(meta["config"], current)
+        if names:
+            raise CheckpointError(
+                f"checkpoint {folder} was written with different options: "
+                f"{_diff_message(meta['config'], current, names)}; resume with the same options "
+                "(only strategy, mesh, devices and bookkeeping may change) or use a new --checkpoint-dir")
+        saved = meta["leaves"]
+        for key, value in flat_target.items():
+            want = [list(value.shape), str(value.dtype)]
+            if saved.get(key) != want:
+                raise CheckpointError(
+                    f"checkpoint {folder} holds {key} as {saved.get(key)}, this model has {want}; "
+                    "resume with the model options it was saved with")
+        if set(saved) != set(flat_target):
+            raise CheckpointError(f"checkpoint {folder} holds other state "
+                                  f"({sorted(set(saved) ^ set(flat_target))[:3]}...) than this model")
+
+    # --- signals ---------------------------------------------------------------------------
     def __enter__(self):
-        import signal
-
-        if self.manager is not None:
-            def note(signum, frame):  # act between steps, never inside one
-                self.signal = signum
-
-            self._old = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGINT)}
+        """Catch SIGTERM and Ctrl-C: the loop saves at the end of the current step and stops."""
+        def request(signum, frame):
+            self.signum = signum
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._handlers[sig] = signal.signal(sig, request)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
         return self
 
-    def __exit__(self, *exc):
-        import signal
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._handlers.items():
+            signal.signal(sig, handler)
+        self._handlers.clear()
 
-        if self.manager is not None:
-            for s, handler in self._old.items():
-                signal.signal(s, handler)
-            self.manager.wait()
-        return False
+    def interrupted(self, folder: Path) -> Interrupted:
+        name = signal.Signals(self.signum).name
+        return Interrupted(f"{name}: saved checkpoint {folder}; resume with the same command "
+                           f"plus --resume (--checkpoint-dir {self.directory})", self.signum)
 
-    def after_step(self, step: int, state, history: list, final: bool = False) -> None:
-        """Save when due (every N steps, at the end, or on a signal); raise on a signal."""
-        if self.manager is None:
-            return
-        due = final or self.signal is not None or (self.every and step % self.every == 0)
-        if due and step not in self.manager.steps():
-            from jaxpar.config import to_dict
 
-            meta = {"config": to_dict(self.config), "step": step, "history": to_json_safe(history)}
-            self.manager.save(step, self.strategy.state_to_reference(state), meta)
-        if self.signal is not None:
-            self.manager.wait()
-            raise Interrupted(self.signal, step, self.manager.directory)
+def load(directory: str, step: int | None = None) -> tuple[dict[str, np.ndarray], dict]:
+    """(flat reference-layout state, metadata) of a checkpoint, for tests and analysis.
+
+    Args:
+      directory: a --checkpoint-dir.
+      step: which step (default: the latest).
+    """
+    manager = ocp.CheckpointManager(Path(directory).absolute(),
+                                    options=ocp.CheckpointManagerOptions(create=False))
+    step = manager.latest_step() if step is None else step
+    if step is None:
+        raise CheckpointError(f"no checkpoint in {directory!r}")
+    out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
+                                                        meta=ocp.args.JsonRestore()))
+    manager.close()
+    return {k: np.asarray(v) for k, v in out["state"].items()}, out["meta"]
+
+
+T = TypeVar("T")
+
+
+def pending(jobs: Iterable[T], result_path: Callable[[T], str | Path]) -> list[T]:
+    """The jobs of a study whose results file is not there yet (or unreadable): resuming a
+    study is re-running it with this filter, since each trial's JSON is written atomically.
+
+    Args:
+      jobs: the study's trials (configs, batch sizes, ...), in order.
+      result_path: where a job's results JSON goes.
+    Returns:
+      The jobs still to run, in order.
+    """
+    from jaxpar.results import RunResult
+
+    todo = []
+    for job in jobs:
+        path = Path(result_path(job))
+        try:
+            RunResult.from_json(path.read_text())
+        except Exception:  # missing, partial or stale: run it (again)
+            todo.append(job)
+    return todo
+
+
+def saved_config(meta: dict) -> TrainConfig:
+    """The TrainConfig a checkpoint was written with."""
+    return from_dict(meta["config"])

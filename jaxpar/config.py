@@ -61,6 +61,8 @@ class ParallelConfig:
     microbatches: int = _opt(4, "pipeline: micro-batches per global batch (M)")
     schedule: str = _opt("gpipe", "pipeline schedule: gpipe (fill-drain) | 1f1b")
     remat: bool = _opt(False, "pipeline: recompute stage activations in the backward pass")
+    distributed: str = _opt("auto", "join processes with jax.distributed: auto (when launched by mpiexec/srun) | mpi | slurm | none")
+    single_thread: bool = _opt(False, "one XLA thread per process, pinned to core rank %% cores (honest rank scaling)")
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,8 @@ class TrainConfig:
     out: str | None = _opt(None, "folder for result.json (default: results/<model>-<strategy>-<time>)")
     eval_every: int | None = _opt(None, "validate every N steps (default: once per epoch)")
     progress: bool = _opt(True, "show a live progress bar")
-    checkpoint_dir: str | None = _opt(None, "save orbax checkpoints here (and on SIGTERM / Ctrl-C)")
-    checkpoint_every: int | None = _opt(None, "steps between checkpoints (default: only at the end and on a signal)")
+    checkpoint_dir: str | None = _opt(None, "save orbax checkpoints here (reference layout: resumable under any strategy or mesh)")
+    checkpoint_every: int | None = _opt(None, "checkpoint every N steps (default: only at the end, on SIGTERM and on Ctrl-C)")
     resume: bool = _opt(False, "continue from the latest complete checkpoint in --checkpoint-dir")
 
 

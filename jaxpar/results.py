@@ -118,6 +118,13 @@ def git_revision() -> str:
     return (rev + ("+dirty" if dirty else "")) if rev else "unknown"
 
 
+def _mpi_ranks() -> int:
+    """Processes in the launch (mpiexec/srun), whether or not JAX joined them."""
+    from jaxpar.distributed import mpi_rank
+
+    return mpi_rank()[1]
+
+
 def environment() -> dict[str, Any]:
     """The machine and software behind a result (device kind and count, processes, cores)."""
     import flax
@@ -139,6 +146,7 @@ def environment() -> dict[str, Any]:
         "device_count": len(devices),
         "local_device_count": jax.local_device_count(),
         "process_count": jax.process_count(),
+        "mpi_ranks": _mpi_ranks(),
         "cpu_cores": os.cpu_count(),
         "cores_available": affinity,
         "threads": threads_setting(),

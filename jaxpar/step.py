@@ -89,8 +89,8 @@ def loss_fn(params: Params, graphdef: nnx.GraphDef, model_state: Params, batch: 
 
 
 def loss_from_logits(logits: jax.Array, batch: dict, denom: jax.Array | None = None):
-    """`loss_fn` after the forward pass: for a model-parallel last stage that holds logits,
-    not images. Returns (loss, metric_sums); `denom` as in `loss_fn`."""
+    """The loss tail of `loss_fn`, for strategies that run the model in pieces (a pipeline's
+    last stage). Returns (sum(w * l) / denom, metric_sums)."""
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
     sums = metric_sums(logits, losses, batch)
     if denom is None:

@@ -8,8 +8,8 @@ at the end, shows a rich progress bar and returns a `RunResult` for `results.sav
 
 from __future__ import annotations
 
+import contextlib
 import math
-import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -17,9 +17,9 @@ from typing import Any
 
 import jax
 
+from jaxpar import checkpoint as ckptlib
 from jaxpar import data as datalib
 from jaxpar import profile
-from jaxpar.checkpoint import RunCheckpointer
 from jaxpar.config import ConfigError, TrainConfig, to_dict
 from jaxpar.models import make_model
 from jaxpar.optim import make_optimizer
@@ -82,6 +82,10 @@ def fit(config: TrainConfig, console=None) -> Outcome:
     """
     wall_start = time.perf_counter()
     strategy = make_strategy(config)
+    if config.resume and not config.checkpoint_dir:
+        raise ConfigError("--resume needs --checkpoint-dir (the folder the run saved to)")
+    # Checks the folder before any work or write (bad --resume input overwrites nothing).
+    ckpt = ckptlib.Checkpointer(config) if config.checkpoint_dir else None
     splits = datalib.load(config.data, config.seed)
     mesh = strategy.make_mesh(jax.devices())
     batch_size = config.data.batch_size
@@ -91,9 +95,17 @@ def fit(config: TrainConfig, console=None) -> Outcome:
         raise ConfigError("--epochs and --steps must give at least one step")
     epochs = math.ceil(total_steps / per_epoch)
     tx = make_optimizer(config.optim, total_steps)
-    checkpointer = RunCheckpointer(config, strategy)  # refuses bad --resume before any work
     state = strategy.init(build_model(config), tx, mesh)
-    state, start_step, history = checkpointer.resume(state)
+    step, resumed_from = 0, None
+    running = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
+    history: list[dict[str, Any]] = []
+    if ckpt is not None and config.resume:
+        ref, saved = ckpt.restore(strategy.state_to_reference(state))
+        state = strategy.state_from_reference(ref)
+        step = resumed_from = saved["step"]
+        running, history = saved["running"], saved["history"]
+        if console is not None:
+            console.print(f"resumed from step {step} ({ckpt.directory / str(step)})")
 
     first = strategy.place_batch(next(datalib.train_batches(splits.train, batch_size, config.seed, 0)))
     compiled, compile_s = strategy.compile("step", state, first)
@@ -108,9 +120,7 @@ def fit(config: TrainConfig, console=None) -> Outcome:
     # (DEVELOPERS.md); elsewhere wait only every few steps so the host runs ahead.
     sync_every = 1 if jax.default_backend() == "cpu" else 10
     step_times: list[float] = []
-    running = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
-    step, train_s = start_step, 0.0
-    delay = float(os.environ.get("JAXPAR_TEST_STEP_DELAY_S", 0))  # tests: time to kill a run
+    train_s = 0.0
     last = {"loss": float("nan"), "accuracy": float("nan")}
 
     def validate(epoch: int) -> None:
@@ -125,13 +135,19 @@ def fit(config: TrainConfig, console=None) -> Outcome:
             console.print(f"epoch {epoch + 1:>3}  step {step:>6}  train loss {last['loss']:.4f}  "
                           f"val loss {val['loss']:.4f}  val acc {val['accuracy']:.4f}")
 
-    with _progress(config.progress and console is not None) as bar, checkpointer:
-        task = bar.add_task("train", total=total_steps, completed=step, epoch=1,
-                            loss=float("nan"), acc=0.0, ips=0.0)
-        for epoch in range(start_step // per_epoch, epochs):
-            # resuming mid-epoch: the order is a function of (seed, epoch); skip what was done
-            skip = start_step % per_epoch if epoch == start_step // per_epoch else 0
-            for batch in datalib.train_batches(splits.train, batch_size, config.seed, epoch, skip):
+    def save():  # the data order is a function of (seed, epoch): the step fixes the position
+        progress = {"epoch": step // per_epoch, "position": step % per_epoch,
+                    "running": running, "history": history}
+        return ckpt.save(step, strategy.state_to_reference(state), progress)
+
+    with _progress(config.progress and console is not None) as bar, (ckpt or contextlib.nullcontext()):
+        task = bar.add_task("train", total=total_steps, completed=step, epoch=1, loss=float("nan"),
+                            acc=0.0, ips=0.0)
+        for epoch in range(step // per_epoch, epochs):
+            start = step - epoch * per_epoch  # > 0 only in the epoch a resumed run stopped in
+            for batch in datalib.train_batches(splits.train, batch_size, config.seed, epoch, start):
+                if step >= total_steps:
+                    break
                 t0 = time.perf_counter()
                 state, sums = strategy.step(state, strategy.place_batch(batch))
                 step += 1
@@ -148,18 +164,26 @@ def fit(config: TrainConfig, console=None) -> Outcome:
                                acc=last["accuracy"], ips=ips)
                 if config.eval_every and step % config.eval_every == 0:
                     validate(epoch)
-                if delay:
-                    time.sleep(delay)
+                if ckpt is not None and ckpt.signum is not None:  # SIGTERM / Ctrl-C
+                    folder = save()
+                    ckpt.close()
+                    raise ckpt.interrupted(folder)
+                if ckpt is not None and ckpt.due(step) and step % per_epoch:  # epoch ends: below
+                    save()
                 if step >= total_steps:
                     break
-                checkpointer.after_step(step, state, history)
-            if not config.eval_every:
+            if not config.eval_every and step > epoch * per_epoch + start:
                 validate(epoch)
-            running = {k: 0.0 for k in running}
+            if step % per_epoch == 0:
+                running = {k: 0.0 for k in running}
+                if ckpt is not None and ckpt.due(step) and step < total_steps:
+                    save()
             if step >= total_steps:
                 break
-
-        checkpointer.after_step(step, state, history, final=True)
+    if ckpt is not None:
+        if ckpt.last_saved != step:
+            save()
+        ckpt.close()  # waits for the asynchronous writes
 
     test = evaluate(strategy, state, splits.test, eval_bs)
     median_s = statistics.median(step_times) if step_times else float("nan")
@@ -169,8 +193,8 @@ def fit(config: TrainConfig, console=None) -> Outcome:
         "val_accuracy": history[-1]["val_accuracy"] if history else None,
         "val_loss": history[-1]["val_loss"] if history else None,
         "final_loss": last["loss"],
+        "resumed_from_step": resumed_from,
         "steps": step,
-        "resumed_from_step": start_step or None,
         "epochs": step / per_epoch,
         "compile_s": compile_s,
         "eval_compile_s": eval_compile_s,

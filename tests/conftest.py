@@ -18,6 +18,11 @@ import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# tests/mpi runs only under an MPI launcher (mpiexec -n 2 ... pytest tests/mpi, see Makefile):
+# one device per rank, and a world of size 1 would prove nothing.
+if not (os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE")):
+    collect_ignore = ["mpi"]
+
 
 def requires_devices(n: int):
     """Skip unless `n` devices exist (set JAXPAR_TEST_DEVICES=n to simulate more)."""

@@ -35,6 +35,9 @@ class Strategy:
     # True when a step runs cross-device collectives: the CPU loop then keeps one step in
     # flight (XLA's in-process all-reduce deadlocks when collective steps queue up).
     uses_collectives: bool = False
+    # True when the strategy runs across processes on one jax.distributed global mesh (its
+    # place_batch takes process-local rows); checked at start-up when process_count() > 1.
+    supports_multiprocess: bool = False
 
     def __init__(self, config: TrainConfig):
         self.config = config

@@ -18,6 +18,7 @@ from jaxpar.parallel.dp_common import DataParallel, accumulated_grads
 
 
 class DPAuto(DataParallel):
+    supports_multiprocess = True  # one global mesh under jax.distributed
     name = "dp-auto"
 
     def init(self, model, tx, mesh):

@@ -60,7 +60,16 @@ class DataParallel(Strategy):
         return datalib.pad_batch(batch, self.padded_size(len(batch["label"])))
 
     def place_batch(self, batch):
-        return jax.device_put(self.pad(batch), self.batch_sharding)
+        batch = self.pad(batch)
+        if jax.process_count() > 1:  # jax.distributed: each process places only its own rows
+            return jax.tree.map(self._process_local, batch)
+        return jax.device_put(batch, self.batch_sharding)
+
+    def _process_local(self, rows):
+        """This process's contiguous share of a global host array, made part of the global one."""
+        per = len(rows) // jax.process_count()
+        mine = rows[jax.process_index() * per:(jax.process_index() + 1) * per]
+        return jax.make_array_from_process_local_data(self.batch_sharding, mine, rows.shape)
 
     def state_from_reference(self, ref):
         return jax.device_put(ref, self.replicated)

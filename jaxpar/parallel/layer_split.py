@@ -1,66 +1,62 @@
-"""`layer-split`: naive model parallelism: consecutive blocks on consecutive devices.
+"""`layer-split`: the naive model parallelism of the early papers. Consecutive blocks live on
+consecutive devices (stage s holds blocks [s*L/S, (s+1)*L/S); the stem on stage 0, the head
+and the loss on the last), and one whole batch goes through them in turn, so one device works
+at a time: the baseline a pipeline beats.
 
-The model's identical blocks are cut into S equal stages over the STAGE axis (`--mesh
-stage=S`); the stem lives with the first stage, the head with the last. Every stage is
-its own jitted program on its own device:
+Each stage has its own jitted programs on its own device: a forward, a backward (a per-stage
+`jax.vjp` that recomputes the stage's forward from its saved input, so only stage inputs are
+kept between the passes), and an optimizer update with the shared `apply_update` over that
+stage's parameters and optimizer state. Activations and their gradients move between devices
+with `device_put`; there are no collectives.
 
-    forward   stage 0 -> 1 -> ... -> S-1    each returns its output and its `jax.vjp`
-                                            residuals; the output moves on by device_put
-    last      loss and its gradient (w.r.t. the last stage's params and input)
-    backward  stage S-2 -> ... -> 0         each applies its vjp to the incoming gradient
-    update    per stage, `jaxpar.step.apply_update` on that stage's params and optimizer state
-
-One batch at a time, so exactly one device works at any moment: the baseline a pipeline
-beats (its bubble is (S-1)/S of the devices' time). The state is a list of S TrainStates,
-one per device; `state_to_reference` joins them.
-
-    python -m experiments train --strategy layer-split --model stack-mlp --depth 4 --devices 4 --mesh stage=4
+    python -m experiments train --strategy layer-split --mesh stage=2 --devices 2 \
+        --model stack-mlp --dataset synthetic --steps 20
 """
 
 from __future__ import annotations
 
 import time
-import types
 
 import jax
-import numpy as np
+import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import SingleDeviceSharding
 
 from jaxpar import mesh as meshlib
 from jaxpar import profile
 from jaxpar import step as steplib
-from jaxpar.config import ConfigError
 from jaxpar.mesh import STAGE
 from jaxpar.parallel.base import Strategy
-from jaxpar.parallel.blocks import BLOCKS, require_blocks, shell, used_by
-from jaxpar.parallel.layout import map_param_trees
+from jaxpar.parallel.tensor import check_model
+
+EMBED = ("stem", "patch_embed", "pos_embed")  # top-level params used by `embed` (stage 0)
 
 
-class ProgramSet:
-    """Several compiled programs seen through one compiled executable's interface, so
-    `profile.program_stats` works: FLOPs add up; memory is the largest of each figure (the
-    programs run one after another); the HLO texts are concatenated (none has collectives:
-    activations move between programs by device_put, accounted separately)."""
+def _get(tree, path):
+    for k in path:
+        if isinstance(k, jax.tree_util.DictKey):
+            tree = tree[k.key]
+        elif isinstance(k, jax.tree_util.SequenceKey):
+            tree = tree[k.idx]
+        else:
+            tree = getattr(tree, k.name)
+    return tree
 
-    def __init__(self, programs: dict):
-        self.programs = programs
 
-    def cost_analysis(self):
-        total = 0.0
-        for c in self.programs.values():
-            cost = c.cost_analysis()
-            cost = cost[0] if isinstance(cost, list) and cost else cost
-            total += float((cost or {}).get("flops", 0.0))
-        return {"flops": total}
+def pick(structure, sources):
+    """A tree shaped like `structure`, each leaf taken from the first source holding its path.
 
-    def memory_analysis(self):
-        fields = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
-                  "alias_size_in_bytes")
-        mems = [c.memory_analysis() for c in self.programs.values()]
-        return types.SimpleNamespace(**{f: max(int(getattr(m, f, 0)) for m in mems) for f in fields})
-
-    def as_text(self):
-        return "\n".join(c.as_text() for c in self.programs.values())
+    Stage trees are sub-dicts of the reference tree with the same keys (blocks keep their
+    global index), so this both gathers stages into the reference layout and cuts it up.
+    """
+    def one(path, _):
+        for src in sources:
+            try:
+                return _get(src, path)
+            except (KeyError, IndexError, AttributeError, TypeError):
+                continue
+        raise KeyError(jax.tree_util.keystr(path))
+    return jax.tree_util.tree_map_with_path(one, structure)
 
 
 class LayerSplit(Strategy):
@@ -68,225 +64,201 @@ class LayerSplit(Strategy):
     default_axes = {STAGE: -1}
 
     def make_mesh(self, devices):
-        axes = meshlib.parse_mesh(self.config.parallel.mesh)
-        extra = [a for a, s in axes.items() if a != STAGE and s != 1]
-        if extra:
-            raise meshlib.MeshError(
-                f"--strategy {self.name} uses only the {STAGE} axis; drop {', '.join(extra)} "
-                "from --mesh (or use --strategy hybrid)")
-        return meshlib.make_mesh({STAGE: axes.get(STAGE, -1)}, devices)
+        mesh = super().make_mesh(devices)
+        shape = meshlib.mesh_shape(mesh)
+        if any(size > 1 for axis, size in shape.items() if axis != STAGE):
+            raise meshlib.MeshError("--strategy layer-split uses only the stage axis; pass "
+                                    "--mesh stage=S")
+        return mesh
 
+    # --- layout ----------------------------------------------------------------------------
     def init(self, model, tx, mesh):
+        from jaxpar.train import ConfigError
+
+        check_model(model, self.name)
         self.mesh, self.tx = mesh, tx
         self.devices = list(mesh.devices.flat)
-        self.s = len(self.devices)
-        depth = require_blocks(model, self.name)
-        if depth % self.s:
-            raise ConfigError(f"--depth {depth} blocks do not divide into {self.s} stages; "
-                              f"change --depth or --mesh {STAGE}=")
-        self.per_stage = depth // self.s
-        self.graphdef, params, model_state = steplib.split_model(model)
-        self.template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), params)
-        self.block_graphdef = nnx.split(getattr(model, BLOCKS)[0], nnx.Param, ...)[0]
+        S, depth = len(self.devices), len(model.blocks)
+        if depth % S:
+            raise ConfigError(f"--depth {depth} blocks do not divide into stage={S} stages; "
+                              f"change --depth to a multiple of {S} or --mesh stage=")
+        self.stages, per = S, depth // S
+        self.ranges = [range(s * per, (s + 1) * per) for s in range(S)]
+        self.graphdef, params, self.model_state = steplib.split_model(model)
+        self.shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+        self.stage_keys = [self._stage_params(params, s) for s in range(S)]
+        self._build_programs()
+        return self.state_from_reference(steplib.init_state(params, self.model_state, tx))
 
-        # The non-block parameters: those `embed` reads go to stage 0, the rest (readout's)
-        # to stage S-1. Each end gets a copy of the model without blocks and without the
-        # other end's parameters, so it merges from only what that stage holds.
-        outer = shell(model)
-        outer_params = nnx.to_pure_dict(nnx.state(outer, nnx.Param))
-        image = jax.ShapeDtypeStruct((1, 28, 28, 1), np.uint8)
-        gd = nnx.split(outer, nnx.Param, ...)[0]
-        embed_keys = used_by(lambda p: nnx.merge(gd, p).embed(steplib.normalize(np.zeros(image.shape, np.uint8))),
-                             outer_params)
-        self.keys = {0: embed_keys, -1: [k for k in outer_params if k not in embed_keys]}
-        self.ends = {}
-        for end, keep in self.keys.items():
-            piece = nnx.clone(outer)
-            for key in outer_params:
-                if key not in keep:
-                    delattr(piece, key)
-            self.ends[end] = nnx.split(piece, nnx.Param, ...)[0]
-
-        embed = lambda p: nnx.merge(self.ends[0], p).embed(steplib.normalize(np.zeros(image.shape, np.uint8)))
-        act = jax.eval_shape(embed, {k: outer_params[k] for k in self.keys[0]})
-        self.act_bytes_per_example = int(np.prod(act.shape)) * act.dtype.itemsize
-        ref = steplib.init_state(params, model_state, tx)
-        self.stage_templates = [self._stage_tree(self.template, s) for s in range(self.s)]
-        self._register_programs()
-        return self.state_from_reference(ref)
-
-    # --- layout -----------------------------------------------------------------------------
-    def _stage_tree(self, tree, s: int) -> dict:
-        """Stage s's part of a parameter-shaped tree: its blocks (original indices kept), plus
-        the embedding (s = 0) and the readout (s = S-1) parameters."""
-        lo = s * self.per_stage
-        out = {BLOCKS: {i: tree[BLOCKS][i] for i in range(lo, lo + self.per_stage)}}
-        if s == 0:
-            out.update({k: tree[k] for k in self.keys[0]})
-        if s == self.s - 1:
-            out.update({k: tree[k] for k in self.keys[-1]})
+    def _stage_params(self, params, s):
+        """Stage s's sub-dict of `params`: its blocks, plus the stem (first) or the rest (last)."""
+        out = {"blocks": {i: params["blocks"][i] for i in self.ranges[s]}}
+        for key, value in params.items():
+            if key != "blocks" and ((key in EMBED and s == 0) or
+                                    (key not in EMBED and s == self.stages - 1)):
+                out[key] = value
         return out
 
     def state_from_reference(self, ref):
-        return [jax.device_put(map_param_trees(ref, self.template, lambda t, s=s: self._stage_tree(t, s)),
-                               self.devices[s]) for s in range(self.s)]
+        ref = jax.device_get(ref)
+        params, opts = [], []
+        for s, dev in enumerate(self.devices):
+            p = self._stage_params(ref.params, s)
+            opt = pick(jax.eval_shape(self.tx.init, p), [ref.opt_state])
+            params.append(jax.device_put(p, dev))
+            opts.append(jax.device_put(opt, dev))
+        return steplib.TrainState(step=jax.device_put(ref.step, self.devices[0]),
+                                  params=tuple(params), opt_state=tuple(opts),
+                                  model_state=ref.model_state)
 
     def state_to_reference(self, state):
-        host = jax.device_get(state)
-        pieces = [[] for _ in range(self.s)]
-        for s in range(self.s):
-            map_param_trees(host[s], self.stage_templates[s], lambda t, s=s: pieces[s].append(t) or t)
-        joined = iter([self._join(trees) for trees in zip(*pieces)])
-        return map_param_trees(host[0], self.stage_templates[0], lambda _: next(joined))
-
-    @staticmethod
-    def _join(trees) -> dict:
-        out = {BLOCKS: {}}
-        for t in trees:
-            out[BLOCKS].update(t[BLOCKS])
-            out.update({k: v for k, v in t.items() if k != BLOCKS})
-        return out
+        state = jax.device_get(state)
+        params = pick(self.shapes, list(state.params))
+        opt = pick(jax.eval_shape(self.tx.init, self.shapes), list(state.opt_state))
+        return steplib.TrainState(step=state.step, params=params, opt_state=opt,
+                                  model_state=state.model_state)
 
     def place_batch(self, batch):
-        """Images to the first stage, labels and weights to the last (where the loss is)."""
-        return {k: jax.device_put(v, self.devices[0 if k == "image" else -1]) for k, v in batch.items()}
+        # Images go to the first stage, labels and weights to the last (where the loss is).
+        last = self.devices[-1]
+        return {"image": jax.device_put(batch["image"], self.devices[0]),
+                "label": jax.device_put(batch["label"], last),
+                "weight": jax.device_put(batch["weight"], last)}
 
-    # --- the stage programs -----------------------------------------------------------------
-    def _apply(self, s: int, p, x):
-        """Stage s's computation: (embed), its blocks, (readout)."""
-        h = x
-        if s == 0:
-            h = nnx.merge(self.ends[0], {k: p[k] for k in self.keys[0]}).embed(steplib.normalize(x))
-        for i in sorted(p[BLOCKS]):
-            h = nnx.merge(self.block_graphdef, p[BLOCKS][i])(h)
-        if s == self.s - 1:
-            h = nnx.merge(self.ends[-1], {k: p[k] for k in self.keys[-1]}).readout(h)
-        return h
+    # --- per-stage programs ----------------------------------------------------------------
+    def _model(self, stage_params):
+        # Other stages' params are zeros made inside the program; unused, so XLA drops them.
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self.shapes)
+        return nnx.merge(self.graphdef, pick(self.shapes, [stage_params, zeros]), self.model_state)
 
-    def _register_programs(self):
-        last = self.s - 1
-        for s in range(last):
-            if s == 0:  # no gradient w.r.t. the (integer) images
-                fwd = lambda p, x: jax.vjp(lambda p: self._apply(0, p, x), p)
-            else:
-                fwd = lambda p, x, s=s: jax.vjp(lambda p, x: self._apply(s, p, x), p, x)
-            self._register(f"forward{s}", fwd)
-            self._register(f"backward{s}", lambda vjp, g: vjp(g))
-            self._register(f"eval{s}", lambda p, x, s=s: self._apply(s, p, x))
-        self._register("last", self._last)
-        self._register("eval_last", self._eval_last)
-        for s in range(self.s):
-            self._register(f"update{s}", lambda st, g: steplib.apply_update(st, g, self.tx),
-                           donate_argnums=0)
+    def _forward(self, s, params, x):
+        model = self._model(params)
+        h = model.embed(steplib.normalize(x)) if s == 0 else x
+        for i in self.ranges[s]:
+            h = model.blocks[i](h)
+        return h, model
 
-    def _last(self, p, x, batch):
-        """Loss, its gradient w.r.t. the last stage's params (and input), metric sums."""
-        loss = lambda p, x: steplib.loss_from_logits(self._apply(self.s - 1, p, x), batch)
-        argnums = 0 if self.s == 1 else (0, 1)
-        grads, sums = jax.grad(loss, argnums=argnums, has_aux=True)(p, x)
-        return (grads, None, sums) if self.s == 1 else (*grads, sums)
+    def _last_loss(self, params, x, batch):
+        h, model = self._forward(self.stages - 1, params, x)
+        return steplib.loss_from_logits(model.readout(h), batch)
 
-    def _eval_last(self, p, x, batch):
-        return steplib.loss_from_logits(self._apply(self.s - 1, p, x), batch)[1]
+    def _build_programs(self):
+        S = self.stages
+        for s in range(S - 1):
+            self._register(f"fwd{s}", lambda p, x, s=s: self._forward(s, p, x)[0])
+            self._register(f"bwd{s}", lambda p, x, g, s=s: self._backward(s, p, x, g))
+        argnums = (0,) if S == 1 else (0, 1)
+        self._register("last", lambda p, x, b: jax.grad(self._last_loss, argnums, has_aux=True)(p, x, b))
+        self._register("last_eval", lambda p, x, b: self._last_loss(p, x, b)[1])
+        for s in range(S):
+            self._register(f"update{s}", self._update, donate_argnums=(0, 1))
 
-    def _program(self, name):
-        return self.compiled.get(name) or getattr(self, f"_jit_{name}")
+    def _backward(self, s, params, x, g):
+        if s == 0:  # the input is the image batch: no gradient to send back
+            _, vjp = jax.vjp(lambda p: self._forward(0, p, x)[0], params)
+            return vjp(g)[0], None
+        _, vjp = jax.vjp(lambda p, x: self._forward(s, p, x)[0], params, x)
+        return vjp(g)
 
-    def _split(self, batch):
-        tail = {k: v for k, v in batch.items() if k != "image"}
-        if self.s == 1:
-            tail["image"] = batch["image"]
-        return batch["image"], tail
+    def _update(self, params, opt_state, grads):
+        st = steplib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                                opt_state=opt_state, model_state={})
+        st = steplib.apply_update(st, grads, self.tx)
+        return st.params, st.opt_state
 
-    def _grads(self, state, batch):
-        """Forward through the stages, the loss, backward in reverse: per-stage gradients."""
-        x, tail = self._split(batch)
-        vjps = []
-        for s in range(self.s - 1):
-            x, vjp = self._program(f"forward{s}")(state[s].params, x)
-            vjps.append(vjp)
-            x = jax.device_put(x, self.devices[s + 1])  # the activation goes to the next device
-        grads = [None] * self.s
-        grads[-1], g, sums = self._program("last")(state[-1].params, x, tail)
-        for s in reversed(range(self.s - 1)):
-            out = self._program(f"backward{s}")(vjps[s], jax.device_put(g, self.devices[s]))
-            grads[s], g = out if s else (out[0], None)
-        return grads, sums
+    def _prog(self, name, kind):
+        """Stage program `name` as AOT-compiled for `kind` ('step', 'eval_step'), else jitted."""
+        return self.compiled.get(f"{kind}:{name}") or getattr(self, f"_jit_{name}")
+
+    def _grads(self, state, batch, kind="gradients"):
+        """Forward stage by stage, then backward in reverse: per-stage grads and metric sums."""
+        S, x, inputs = self.stages, batch["image"], []
+        for s in range(S - 1):
+            inputs.append(x)
+            x = jax.device_put(self._prog(f"fwd{s}", kind)(state.params[s], x), self.devices[s + 1])
+        labels = {k: batch[k] for k in ("label", "weight")}
+        grads, sums = self._prog("last", kind)(state.params[-1], x, labels)
+        stage_grads = [None] * S
+        stage_grads[-1] = grads[0]
+        g = grads[1] if S > 1 else None
+        for s in reversed(range(S - 1)):
+            g = jax.device_put(g, self.devices[s])
+            stage_grads[s], g = self._prog(f"bwd{s}", kind)(state.params[s], inputs[s], g)
+        return stage_grads, sums
 
     def step(self, state, batch):
-        grads, sums = self._grads(state, batch)
-        return [self._program(f"update{s}")(state[s], grads[s]) for s in range(self.s)], sums
+        stage_grads, sums = self._grads(state, batch, "step")
+        params, opts = zip(*[self._prog(f"update{s}", "step")(state.params[s], state.opt_state[s], g)
+                             for s, g in enumerate(stage_grads)])
+        return state.replace(step=state.step + 1, params=params, opt_state=opts), sums
 
     def gradients(self, state, batch):
-        return self._join(self._grads(state, batch)[0])
+        stage_grads, _ = self._grads(state, batch)
+        return pick(self.shapes, jax.device_get(stage_grads))
 
     def eval_step(self, state, batch):
-        x, tail = self._split(batch)
-        for s in range(self.s - 1):
-            x = jax.device_put(self._program(f"eval{s}")(state[s].params, x), self.devices[s + 1])
-        return self._program("eval_last")(state[-1].params, x, tail)
+        x = batch["image"]
+        for s in range(self.stages - 1):
+            x = jax.device_put(self._prog(f"fwd{s}", "eval_step")(state.params[s], x),
+                               self.devices[s + 1])
+        return self._prog("last_eval", "eval_step")(state.params[-1], x,
+                                       {k: batch[k] for k in ("label", "weight")})
 
     def compile(self, name, state, batch):
-        """AOT-compile every stage program of `step` (or `eval_step`) for these shapes.
+        """AOT-compile every stage program `name` needs ('step' or 'eval_step').
 
-        Returns (ProgramSet of the executables, seconds lowering and compiling)."""
+        Returns (the first stage's compiled program, total seconds over all stage programs).
+        """
         start = time.perf_counter()
-        programs = {}
+        on = lambda tree, s: jax.tree.map(  # noqa: E731
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                           sharding=SingleDeviceSharding(self.devices[s])), tree)
+        S, x = self.stages, batch["image"]
+        labels = {k: batch[k] for k in ("label", "weight")}
+        names = []
 
-        def aot(prog, *args):
-            programs[prog] = getattr(self, f"_jit_{prog}").lower(*args).compile()
-            return programs[prog].out_info
+        def build(prog, *args):
+            self.compiled[f"{name}:{prog}"] = getattr(self, f"_jit_{prog}").lower(*args).compile()
+            names.append(f"{name}:{prog}")
 
-        place = lambda tree, s: jax.tree.map(
-            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=jax.sharding.SingleDeviceSharding(self.devices[s])), tree)
-        x, tail = self._split(batch)
-        acts = []
-        prefix = "eval" if name == "eval_step" else "forward"
-        for s in range(self.s - 1):
-            out = aot(f"{prefix}{s}", state[s].params, x)
-            x = place(out if name == "eval_step" else out[0], s + 1)
-            acts.append((out, x))
-        if name == "eval_step":
-            aot("eval_last", state[-1].params, x, tail)
+        for s in range(S - 1):
+            build(f"fwd{s}", state.params[s], x)
+            h = jax.eval_shape(getattr(self, f"_jit_fwd{s}"), state.params[s], x)
+            if name == "step":
+                build(f"bwd{s}", state.params[s], x, on(h, s))
+            x = on(h, s + 1)
+        if name == "step":
+            build("last", state.params[-1], x, labels)
+            for s in range(S):
+                build(f"update{s}", state.params[s], state.opt_state[s], on(state.params[s], s))
         else:
-            grads = [None] * self.s
-            grads[-1], g, _ = aot("last", state[-1].params, x, tail)
-            for s in reversed(range(self.s - 1)):
-                out = aot(f"backward{s}", acts[s][0][1], place(g, s))
-                grads[s], g = out if s else (out[0], None)
-            for s in range(self.s):
-                aot(f"update{s}", state[s], grads[s])
-            self.activation_bytes = [profile.tree_bytes(a[1]) for a in acts]
-        self.compiled.update(programs)
-        return ProgramSet(programs), time.perf_counter() - start
+            build("last_eval", state.params[-1], x, labels)
+        seconds = time.perf_counter() - start
+        if name == "step":  # bench/train read FLOPs off one program: keep the sum over all
+            self.step_flops = sum(profile.program_stats(self.compiled[n])["flops"] for n in names)
+        first = self.compiled[names[0]]
+        self.compiled[name] = first
+        return first, seconds
 
-    # --- accounting -------------------------------------------------------------------------
-    def describe(self) -> dict:
-        return {**super().describe(), "axes": {STAGE: "consecutive blocks"},
-                "blocks_per_stage": self.per_stage}
+    # --- accounting ------------------------------------------------------------------------
+    def stage_param_bytes(self) -> list[int]:
+        return [int(sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(
+            self._stage_params(self.shapes, st)))) for st in range(self.stages)]
 
-    def transfer_theory(self) -> int:
-        """Bytes moved between devices per step: the residual stream of the whole batch
-        crosses each of the S-1 stage boundaries once forward, its gradient once backward."""
-        return 2 * (self.s - 1) * self.config.data.batch_size * self.act_bytes_per_example
+    def theory(self) -> dict[str, int]:
+        return {"total": 0}  # activations move with device_put between programs
 
-    def accounting(self, step_stats, state):
-        """No collectives: activations move between devices by device_put, S-1 times forward
-        and S-1 times backward; state bytes are the largest stage's."""
-        per_stage = [profile.tree_bytes((st.params, st.opt_state)) for st in state]
-        blocks = [profile.tree_bytes(st.params[BLOCKS]) for st in state]
-        moved = 2 * sum(getattr(self, "activation_bytes", []))
-        return {
-            "collective_bytes_per_step": step_stats["collective_bytes"].get("total", 0),
-            "collective_bytes_by_op": step_stats["collective_bytes"],
-            "collective_bytes_theory": self.theory(),
-            "activation_transfer_bytes_per_step": moved,
-            "activation_transfer_bytes_theory": self.transfer_theory(),
-            "state_bytes_per_device": max(per_stage),
-            "state_bytes_per_stage": per_stage,
-            "param_bytes_per_stage": [profile.tree_bytes(st.params) for st in state],
-            "block_param_bytes_per_stage": blocks,
-            "block_param_bytes_total": profile.tree_bytes(self.template[BLOCKS]),
-            "memory_per_device": step_stats["memory"],
-            "busy_fraction": 1.0 / self.s,  # one device works at a time
-        }
+    def accounting(self, step_stats, state) -> dict:
+        out = {**super().accounting(step_stats, state),
+               "param_bytes_per_device": max(self.stage_param_bytes())}
+        if getattr(self, "step_flops", None) is not None:
+            out["flops_all_stage_programs"] = self.step_flops
+        return out
+
+    def describe(self):
+        return {**super().describe(), "stages": self.stages,
+                "blocks_per_stage": len(self.ranges[0]),
+                "stage_param_bytes": self.stage_param_bytes(),
+                "note": "one batch at a time, one device busy at a time; activations move "
+                        "with device_put (no collectives); backward recomputes each stage's "
+                        "forward from its input"}

@@ -1,39 +1,33 @@
-"""`tensor-auto`: the Megatron layout of `tensor`, left to the compiler.
+"""`tensor-auto`: the `tensor` strategy's Megatron sharding written only as PartitionSpecs on
+the parameters (and their optimizer moments), with plain `jit` over the unchanged shared step:
+the compiler (GSPMD) places the collectives. Its measured collective bytes are reported beside
+the explicit version's theory; where they differ, that is XLA's choice, and a finding.
 
-The parameters carry the same PartitionSpecs as in `tensor` (block column layers split by
-columns, row layers by rows, the rest replicated) as `NamedSharding`s; the reference step
-runs unchanged under plain `jit`, and XLA's SPMD partitioner decides where the collectives
-go. `bench` reports the bytes it chose beside Megatron's theory (they need not agree: XLA
-may all-gather weights or reduce elsewhere, and that is a finding).
-
-    python -m experiments bench --strategy tensor-auto --model stack-mlp --devices 4 --mesh tensor=4
+    python -m experiments bench --strategy tensor-auto --mesh tensor=2 --devices 2 \
+        --model stack-mlp --width 64 --depth 4
 """
 
 from __future__ import annotations
 
 import functools
 
-import jax
-from jax.sharding import NamedSharding, PartitionSpec as P
-
 from jaxpar import step as steplib
-from jaxpar.parallel.tensor import TensorLayout
+from jaxpar.parallel.tensor import _TensorBase
 
 
-class TensorAuto(TensorLayout):
+class TensorAuto(_TensorBase):
     name = "tensor-auto"
 
-    def init(self, model, tx, mesh):
-        ref = self._setup(model, tx, mesh)
-        replicated = NamedSharding(mesh, P())
-        params = jax.tree.map(lambda s: NamedSharding(mesh, s), self.param_specs)
-        ins = dict(in_shardings=(self.state_shardings, self.batch_sharding))
-        self._register("step", functools.partial(steplib.train_step, self.graphdef, tx),
-                       out_shardings=(self.state_shardings, replicated), donate_argnums=0, **ins)
-        self._register("gradients", self._grads, out_shardings=params, **ins)
+    def _build_programs(self):
+        batch = {k: self.batch_sharding for k in ("image", "label", "weight")}
+        self._register("step", functools.partial(steplib.train_step, self.graphdef, self.tx),
+                       in_shardings=(self.shardings, batch),
+                       out_shardings=(self.shardings, self.replicated), donate_argnums=0)
+        self._register("gradients", self._gradients, in_shardings=(self.shardings, batch),
+                       out_shardings=self.shardings.params)
         self._register("eval_step", functools.partial(steplib.eval_step, self.graphdef),
-                       out_shardings=replicated, **ins)
-        return self.state_from_reference(ref)
+                       in_shardings=(self.shardings, batch), out_shardings=self.replicated)
 
-    def _grads(self, state, batch):
-        return steplib.grad_fn(state.params, self.graphdef, state.model_state, batch)[0]
+    def _gradients(self, state, batch):
+        grads, _ = steplib.grad_fn(state.params, self.graphdef, state.model_state, batch)
+        return grads

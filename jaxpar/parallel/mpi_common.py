@@ -1,0 +1,44 @@
+"""Shared MPI plumbing for the mpi4jax strategies: the communicator, rank slicing of a
+global batch, world-size checks, and the install message when MPI is missing.
+
+    mpiexec -n 2 python -m mpi4py -m experiments train --strategy mpi-allreduce
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+INSTALL_HINT = (
+    "install the `mpi` extra: `make test` does it, or `pip install mpi4py mpich` then "
+    "`MPI4JAX_BUILD_MPICC=$VENV/bin/mpicc CUDA_PATH=<an empty folder> pip install --no-cache-dir mpi4jax`")
+
+
+def import_mpi():
+    """(MPI, mpi4jax) modules, or a ConfigError saying how to install them.
+
+    Returns:
+      (mpi4py.MPI, mpi4jax)
+    """
+    from jaxpar.train import ConfigError
+
+    try:
+        from mpi4py import MPI
+        import mpi4jax
+    except (ImportError, RuntimeError) as error:  # RuntimeError: mpi4jax built against another MPI
+        raise ConfigError(f"the MPI strategies need mpi4py and mpi4jax ({error}); {INSTALL_HINT}") from error
+    return MPI, mpi4jax
+
+
+def rank_rows(n_rows: int, rank: int, size: int) -> slice:
+    """This rank's rows of a global batch of `n_rows` (needs n_rows % size == 0)."""
+    from jaxpar.train import ConfigError
+
+    if n_rows % size:
+        raise ConfigError(f"--batch-size {n_rows} must be a multiple of the {size} MPI ranks")
+    per = n_rows // size
+    return slice(rank * per, (rank + 1) * per)
+
+
+def global_weight(batch: dict[str, np.ndarray]) -> np.float32:
+    """The global batch's weight total: every rank divides its loss by it (step.loss_fn denom)."""
+    return np.float32(np.sum(batch["weight"]))

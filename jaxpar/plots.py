@@ -1,0 +1,107 @@
+"""Figures drawn only from results files (matplotlib, Agg backend).
+
+    python -m experiments figures --data figures/data --out figures
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def pipeline_bubble(data: dict, out: Path) -> Path:
+    """Bubble fraction and peak in-flight micro-batches vs M, GPipe vs 1F1B, theory line.
+
+    Args:
+        data: the dict written by experiments/pipeline_study.py.
+        out: folder for pipeline_bubble.png.
+    Returns:
+        the PNG path.
+    """
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, mark in (("gpipe", "o"), ("1f1b", "x")):
+        rows = [r for r in data["rows"] if r["schedule"] == name]
+        ms = [r["M"] for r in rows]
+        ax.plot(ms, [r["bubble"] for r in rows], mark, label=f"{name} (schedule)")
+        ax2.plot(ms, [r["peak_in_flight"] for r in rows], mark + "-", label=name)
+    theory = [r for r in data["rows"] if r["schedule"] == "gpipe"]
+    ax.plot([r["M"] for r in theory], [r["theory"] for r in theory], "k--", label="(S-1)/(M+S-1)")
+    for a in (ax, ax2):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("micro-batches M")
+        a.legend()
+    ax.set_ylabel("bubble fraction")
+    ax2.set_ylabel("peak micro-batches in flight (activation memory)")
+    fig.suptitle(f"Pipeline, S={data['stages']} stages (throughput: not measured)")
+    path = out / "pipeline_bubble.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def pipeline_schedule(data: dict, out: Path) -> Path:
+    """GPipe-paper-style picture: devices as rows, F/B micro-batch blocks over time."""
+    names = list(data["tables"])
+    fig, axes = plt.subplots(len(names), 1, figsize=(12, 1.2 + 0.5 * data["stages"] * len(names)))
+    for ax, name in zip(axes, names):
+        table = data["tables"][name]["table"]
+        for t, row in enumerate(table):
+            for s, slot in enumerate(row):
+                if slot:
+                    kind, m = slot
+                    ax.add_patch(plt.Rectangle((t, s), 1, 1, ec="k",
+                                               fc="#8ecae6" if kind == "F" else "#ffb703"))
+                    ax.text(t + 0.5, s + 0.5, f"{kind}{m}", ha="center", va="center", fontsize=7)
+        ax.set_xlim(0, len(table))
+        ax.set_ylim(data["stages"], 0)
+        ax.set_yticks([s + 0.5 for s in range(data["stages"])])
+        ax.set_yticklabels([f"device {s}" for s in range(data["stages"])])
+        ax.set_title(f"{name}, M={data['tables'][name]['M']} (blank = bubble)")
+    axes[-1].set_xlabel("time slot")
+    fig.tight_layout()
+    path = out / "pipeline_schedule.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def hparam_speedup(data: dict, out: Path) -> Path:
+    """Wall time of the search, vmapped trials vs one by one, per width group."""
+    groups = data["groups"]
+    x = range(len(groups))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar([i - 0.2 for i in x], [g["sequential_s"] for g in groups], 0.4, label="one by one")
+    ax.bar([i + 0.2 for i in x], [g["vmapped_s"] for g in groups], 0.4, label="vmapped trials")
+    for i, g in zip(x, groups):
+        ax.text(i, max(g["sequential_s"], g["vmapped_s"]), f"{g['speedup']:.2f}x", ha="center", va="bottom")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([f"MLP width {g['width']}\n{len(g['trials'])} trials" for g in groups])
+    ax.set_ylabel("wall time (s)")
+    env = data.get("env", {})
+    ax.set_title(f"hparam search, {data['steps']} steps; {env.get('cpu_cores', '?')} cores, "
+                 f"{env.get('device_count', '?')} device(s)")
+    ax.legend()
+    path = out / "hparam_speedup.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def redraw(data_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """Redraw every figure whose results are under data_dir; return the PNG paths."""
+    data_dir, out = Path(data_dir), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    pipe = data_dir / "pipeline" / "pipeline.json"
+    if pipe.exists():
+        data = json.loads(pipe.read_text())
+        paths += [pipeline_bubble(data, out), pipeline_schedule(data, out)]
+    hp = data_dir / "hparam" / "hparam.json"
+    if hp.exists():
+        paths.append(hparam_speedup(json.loads(hp.read_text()), out))
+    return paths

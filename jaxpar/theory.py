@@ -1,0 +1,37 @@
+"""Communication and memory predicted from first principles, to set beside what the compiled
+programs measure (DESIGN.md invariant 4). Bytes are collective *operand* bytes, as
+`jaxpar.profile.collective_bytes` counts them.
+
+    tensor_collective_bytes(batch_local=64, width=32, depth=4, degree=2, vit=False)
+"""
+
+from __future__ import annotations
+
+from jaxpar.models.vit import TOKENS
+
+F32 = 4
+
+
+def tensor_collective_bytes(*, batch_local: int, width: int, depth: int, degree: int,
+                            vit: bool, data: int = 1, param_bytes_local: int = 0) -> int:
+    """Megatron TP all-reduce operand bytes per training step (one device).
+
+    Each block sub-layer pair (the MLP; in the ViT also attention) all-reduces its output
+    activation [B_local, (tokens,) width] once forward and once backward.
+
+    Args:
+      batch_local: examples per device along the data axis (global batch / data degree).
+      width: the residual stream width d.
+      depth: number of blocks.
+      degree: tensor-parallel degree T (no collectives when T == 1).
+      vit: True for the ViT (2 sub-blocks per block, TOKENS tokens per example).
+      data: data-parallel degree; when > 1 each device also all-reduces its gradient shard
+        (`param_bytes_local`) and the three metric sums once.
+
+    Returns:
+      bytes: 2 * sub_blocks * depth * B_local * tokens * width * 4 (+ the data part).
+    """
+    tokens, sub_blocks = (TOKENS, 2) if vit else (1, 1)
+    tp = 2 * sub_blocks * depth * batch_local * tokens * width * F32 if degree > 1 else 0
+    dp = param_bytes_local + 3 * F32 if data > 1 else 0
+    return tp + dp

@@ -1,0 +1,53 @@
+"""Launch-level MPI checks run by plain pytest: a failing rank ends a 2-rank job quickly with
+a message naming it, and a missing mpi4jax says how to install the `mpi` extra.
+
+    python -m pytest -q tests/test_mpi_launch.py
+"""
+
+import builtins
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jaxpar.train import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+
+
+def test_missing_mpi4jax_says_how_to_install(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_mpi4jax(name, *args, **kwargs):
+        if name.startswith("mpi4jax"):
+            raise ImportError("No module named 'mpi4jax'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_mpi4jax)
+    monkeypatch.delitem(sys.modules, "mpi4jax", raising=False)
+    from jaxpar.parallel import mpi_common
+
+    with pytest.raises(ConfigError, match="mpi` extra"):
+        mpi_common.import_mpi()
+
+
+@pytest.mark.skipif(not MPIEXEC.exists() or shutil.which("timeout") is None,
+                    reason="needs the `mpi` extra in this venv (make test installs it)")
+def test_failing_rank_ends_the_job_quickly():
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAXPAR_FAIL_RANK": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("XLA_FLAGS", None)
+    start = time.monotonic()
+    proc = subprocess.run(
+        ["timeout", "120", str(MPIEXEC), "-n", "2", sys.executable, "-m", "experiments", "train",
+         "--strategy", "mpi-allreduce", "--dataset", "synthetic", "--model", "mlp", "--width", "16",
+         "--steps", "3", "--batch-size", "16", "--no-progress", "--out", "/tmp/jaxpar-fail-test"],
+        cwd=ROOT, env=env, capture_output=True, text=True)
+    elapsed = time.monotonic() - start
+    assert proc.returncode not in (0, 124), proc.stdout + proc.stderr
+    assert elapsed < 90
+    assert "rank 1 of 2 failed" in proc.stderr, proc.stderr[-2000:]
