@@ -46,7 +46,7 @@ def test_compile_covers_every_stage_program():
     state, sums = s.step(got.state, batch)
     jax.device_get(sums)
     assert dict(s.trace_counts) == counts  # compiled executables ran: no retrace
-    assert {"step:fwd0", "step:bwd0", "step:last", "step:update0", "step:update1"} <= set(s.compiled)
+    assert {"step:train_fwd0", "step:bwd0", "step:last", "step:update0", "step:update1"} <= set(s.compiled)
 
 
 @requires_devices(4)

@@ -3,9 +3,10 @@ consecutive devices (stage s holds blocks [s*L/S, (s+1)*L/S); the stem on stage 
 and the loss on the last), and one whole batch goes through them in turn, so one device works
 at a time: the baseline a pipeline beats.
 
-Each stage has its own jitted programs on its own device: a forward, a backward (a per-stage
-`jax.vjp` that recomputes the stage's forward from its saved input, so only stage inputs are
-kept between the passes), and an optimizer update with the shared `apply_update` over that
+Each stage has its own jitted programs on its own device: a forward that returns its output
+and its `jax.vjp` (a pytree of the residuals, which stays on the stage's device), a backward
+that applies that vjp to the incoming gradient (no recomputed forward: like GPipe without
+rematerialisation, the baseline does each FLOP once), and an optimizer update with the shared `apply_update` over that
 stage's parameters and optimizer state. Activations and their gradients move between devices
 with `device_put`; there are no collectives.
 
@@ -146,19 +147,24 @@ class LayerSplit(Strategy):
         S = self.stages
         for s in range(S - 1):
             self._register(f"fwd{s}", lambda p, x, s=s: self._forward(s, p, x)[0])
-            self._register(f"bwd{s}", lambda p, x, g, s=s: self._backward(s, p, x, g))
+            # training forward: the output and its jax.vjp (a pytree holding the residuals,
+            # kept on this device), so the backward program does not recompute the forward
+            self._register(f"train_fwd{s}", lambda p, x, s=s: self._forward_vjp(s, p, x))
+            self._register(f"bwd{s}", lambda vjp, g, s=s: self._backward(s, vjp, g))
         argnums = (0,) if S == 1 else (0, 1)
         self._register("last", lambda p, x, b: jax.grad(self._last_loss, argnums, has_aux=True)(p, x, b))
         self._register("last_eval", lambda p, x, b: self._last_loss(p, x, b)[1])
         for s in range(S):
             self._register(f"update{s}", self._update, donate_argnums=(0, 1))
 
-    def _backward(self, s, params, x, g):
+    def _forward_vjp(self, s, params, x):
         if s == 0:  # the input is the image batch: no gradient to send back
-            _, vjp = jax.vjp(lambda p: self._forward(0, p, x)[0], params)
-            return vjp(g)[0], None
-        _, vjp = jax.vjp(lambda p, x: self._forward(s, p, x)[0], params, x)
-        return vjp(g)
+            return jax.vjp(lambda p: self._forward(0, p, x)[0], params)
+        return jax.vjp(lambda p, x: self._forward(s, p, x)[0], params, x)
+
+    @staticmethod
+    def _backward(s, vjp, g):
+        return (vjp(g)[0], None) if s == 0 else vjp(g)
 
     def _update(self, params, opt_state, grads):
         st = steplib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
@@ -172,10 +178,11 @@ class LayerSplit(Strategy):
 
     def _grads(self, state, batch, kind="gradients"):
         """Forward stage by stage, then backward in reverse: per-stage grads and metric sums."""
-        S, x, inputs = self.stages, batch["image"], []
+        S, x, vjps = self.stages, batch["image"], []
         for s in range(S - 1):
-            inputs.append(x)
-            x = jax.device_put(self._prog(f"fwd{s}", kind)(state.params[s], x), self.devices[s + 1])
+            x, vjp = self._prog(f"train_fwd{s}", kind)(state.params[s], x)
+            vjps.append(vjp)
+            x = jax.device_put(x, self.devices[s + 1])
         labels = {k: batch[k] for k in ("label", "weight")}
         grads, sums = self._prog("last", kind)(state.params[-1], x, labels)
         stage_grads = [None] * S
@@ -183,7 +190,7 @@ class LayerSplit(Strategy):
         g = grads[1] if S > 1 else None
         for s in reversed(range(S - 1)):
             g = jax.device_put(g, self.devices[s])
-            stage_grads[s], g = self._prog(f"bwd{s}", kind)(state.params[s], inputs[s], g)
+            stage_grads[s], g = self._prog(f"bwd{s}", kind)(vjps[s], g)
         return stage_grads, sums
 
     def step(self, state, batch):
@@ -220,15 +227,21 @@ class LayerSplit(Strategy):
         def build(prog, *args):
             self.compiled[f"{name}:{prog}"] = getattr(self, f"_jit_{prog}").lower(*args).compile()
             names.append(f"{name}:{prog}")
+            return self.compiled[f"{name}:{prog}"].out_info  # output shapes, for the next
 
+        vjps = []
         for s in range(S - 1):
-            build(f"fwd{s}", state.params[s], x)
-            h = jax.eval_shape(getattr(self, f"_jit_fwd{s}"), state.params[s], x)
             if name == "step":
-                build(f"bwd{s}", state.params[s], x, on(h, s))
+                h, vjp = build(f"train_fwd{s}", state.params[s], x)
+                vjps.append(vjp)
+            else:
+                h = build(f"fwd{s}", state.params[s], x)
             x = on(h, s + 1)
         if name == "step":
-            build("last", state.params[-1], x, labels)
+            (grads, _) = build("last", state.params[-1], x, labels)
+            g = grads[1] if S > 1 else None
+            for s in reversed(range(S - 1)):
+                _, g = build(f"bwd{s}", vjps[s], on(g, s))
             for s in range(S):
                 build(f"update{s}", state.params[s], state.opt_state[s], on(state.params[s], s))
         else:
