@@ -110,7 +110,10 @@ def test_checkpoint_from_8_devices_restores_on_2_and_on_single(tmp_path, strateg
     from jaxpar.optim import make_optimizer
     from jaxpar.train import build_model, make_strategy
 
-    model = dict(model="stack-mlp", depth=8) if strategy in ("pipeline", "layer-split", "hybrid") else {}
+    blocks = ("pipeline", "layer-split", "hybrid", "tensor", "tensor-auto")
+    model = dict(model="stack-mlp", depth=8) if strategy in blocks else {}
+    if strategy == "hybrid":
+        model["microbatches"] = 2  # 40 rows over data=4 shards
     cfg = tiny(tmp_path, strategy=strategy, **model)
     out = fit(cfg)  # 8 devices (conftest), ends with a checkpoint at step 30
     saved, _ = ckptlib.load(str(tmp_path))
