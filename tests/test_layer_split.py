@@ -1,5 +1,5 @@
 """`layer-split` equals `single` (equivalence protocol) for stack-mlp and vit on two stage
-counts; state round-trips through the reference layout; the stage programs compile once."""
+counts each; state round-trips through the reference layout; the stage programs compile once."""
 
 import jax
 import pytest
@@ -8,8 +8,8 @@ import equivalence as eq
 from conftest import requires_devices
 from jaxpar.train import ConfigError
 
-MODELS = {"stack-mlp": dict(width=32, depth=4), "vit": dict(depth=2)}
-CASES = [("stack-mlp", 2), ("stack-mlp", 4), ("vit", 2)]
+MODELS = {"stack-mlp": dict(width=32, depth=4, lr=0.02), "vit": dict(width=32, depth=4, lr=0.02)}
+CASES = [("stack-mlp", 2), ("stack-mlp", 4), ("vit", 2), ("vit", 4)]
 
 
 @pytest.fixture(scope="module")

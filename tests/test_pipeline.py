@@ -14,7 +14,7 @@ from jaxpar.mesh import MeshError
 from jaxpar.parallel import schedules
 
 STACK = dict(model="stack-mlp", width=32, depth=4, batch_size=32, lr=0.01)
-VIT = dict(model="vit", width=32, depth=2, batch_size=16, lr=0.01)
+VIT = dict(model="vit", width=32, depth=4, batch_size=16, lr=0.01)
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,10 +30,10 @@ def test_stack_mlp_equals_single(schedule, stages, micro):
     eq.assert_equivalent(reference("stack-mlp"), eq.run(cfg, steps=5, devices=stages))
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_vit_equals_single(schedule):
-    cfg = eq.config(strategy="pipeline", mesh="stage=2", microbatches=4, schedule=schedule, **VIT)
-    eq.assert_equivalent(reference("vit"), eq.run(cfg, steps=5, devices=2))
+@pytest.mark.parametrize("schedule,stages", [("gpipe", 2), ("1f1b", 2), ("1f1b", 4)])
+def test_vit_equals_single(schedule, stages):
+    cfg = eq.config(strategy="pipeline", mesh=f"stage={stages}", microbatches=4, schedule=schedule, **VIT)
+    eq.assert_equivalent(reference("vit"), eq.run(cfg, steps=5, devices=stages))
 
 
 def test_remat_changes_memory_not_results():

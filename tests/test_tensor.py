@@ -11,12 +11,14 @@ from conftest import requires_devices
 from jaxpar import profile
 from jaxpar.train import ConfigError
 
-MODELS = {"stack-mlp": dict(width=32, depth=4), "vit": dict(depth=2)}
-# Two meshes per model for the explicit form; one per model for the compiler-placed form
-# (the same specs, so the slow 2-core CI budget goes to the explicit collectives).
+# lr 0.02: the stack-mlp diverges at the protocol's default 0.1, and a diverging run is a
+# weak comparison.
+MODELS = {"stack-mlp": dict(width=32, depth=4, lr=0.02), "vit": dict(depth=2, lr=0.02)}
+# Two meshes per model for each form.
 CASES = [("tensor", "stack-mlp", "tensor=4"), ("tensor", "stack-mlp", "data=2,tensor=2"),
          ("tensor", "vit", "tensor=2"), ("tensor", "vit", "tensor=4"),
-         ("tensor-auto", "stack-mlp", "tensor=2"), ("tensor-auto", "vit", "data=2,tensor=2")]
+         ("tensor-auto", "stack-mlp", "tensor=2"), ("tensor-auto", "stack-mlp", "data=2,tensor=2"),
+         ("tensor-auto", "vit", "tensor=2"), ("tensor-auto", "vit", "data=2,tensor=2")]
 
 
 def _split_key_bias(trace):
