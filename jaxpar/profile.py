@@ -186,11 +186,11 @@ def tree_bytes(tree) -> int:
 
 
 def state_bytes_per_device(state) -> int:
-    """Bytes of parameters + optimizer state resident on one device (its first shard)."""
+    """Bytes of parameters + optimizer state resident on one device, from each array's
+    sharding (its shard shape), so it also works for arrays spanning several processes."""
     total = 0
     for leaf in jax.tree.leaves((state.params, state.opt_state)):
-        if hasattr(leaf, "addressable_shards"):
-            total += leaf.addressable_shards[0].data.nbytes
-        else:
-            total += np.asarray(leaf).nbytes
+        sharding = getattr(leaf, "sharding", None)
+        shape = sharding.shard_shape(leaf.shape) if sharding is not None else np.shape(leaf)
+        total += int(np.prod(shape)) * np.dtype(leaf.dtype).itemsize
     return int(total)

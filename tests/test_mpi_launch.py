@@ -51,3 +51,35 @@ def test_failing_rank_ends_the_job_quickly():
     assert proc.returncode not in (0, 124), proc.stdout + proc.stderr
     assert elapsed < 90
     assert "rank 1 of 2 failed" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.skipif(not MPIEXEC.exists() or shutil.which("timeout") is None,
+                    reason="needs the `mpi` extra in this venv (make test installs it)")
+def test_checkpoint_resume_under_mpirun_is_bitwise(tmp_path):
+    """2 ranks, dp-auto under jax.distributed: resuming from step 10 ends where the
+    uninterrupted run ends, bit for bit."""
+    from jaxpar import checkpoint
+
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    env.pop("XLA_FLAGS", None)
+
+    def launch(ckpt, *extra):
+        args = ["--strategy", "dp-auto", "--dataset", "synthetic", "--synthetic-size", "4000",
+                "--val-size", "0", "--model", "mlp", "--width", "32", "--depth", "1",
+                "--batch-size", "32", "--steps", "20", "--checkpoint-dir", str(ckpt),
+                "--checkpoint-every", "10", "--no-progress", "--out", str(tmp_path / "out"), *extra]
+        proc = subprocess.run(["timeout", "200", str(MPIEXEC), "-n", "2", sys.executable, "-m",
+                               "mpi4py", "-m", "experiments", "train", *args],
+                              cwd=ROOT, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return proc
+
+    launch(tmp_path / "full")
+    shutil.copytree(tmp_path / "full", tmp_path / "cut")
+    shutil.rmtree(tmp_path / "cut" / "20")  # as if the job died after step 10's checkpoint
+    assert "resumed from step 10" in launch(tmp_path / "cut", "--resume").stdout
+    want, _ = checkpoint.load(str(tmp_path / "full"))
+    got, meta = checkpoint.load(str(tmp_path / "cut"))
+    assert meta["step"] == 20 and want.keys() == got.keys()
+    for key in want:
+        assert (want[key] == got[key]).all(), key
