@@ -18,6 +18,7 @@ from jaxpar import data as datalib
 from jaxpar import mesh as meshlib
 from jaxpar import profile
 from jaxpar import step as steplib
+from jaxpar.parallel import layout
 from jaxpar.parallel.base import Strategy
 from jaxpar.config import ConfigError
 
@@ -47,7 +48,7 @@ class DataParallel(Strategy):
         self.replicated = NamedSharding(mesh, P())
         self.batch_sharding = NamedSharding(mesh, P(meshlib.DATA))
         self.graphdef, params, model_state = steplib.split_model(model)
-        self.template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), params)
+        self.template = layout.abstract(params)
         return params, model_state
 
     def padded_size(self, batch_size: int) -> int:

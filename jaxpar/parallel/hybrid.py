@@ -39,14 +39,11 @@ class Hybrid(Pipeline):
     def init(self, model, tx, mesh):
         if self.config.model.model != "stack-mlp":
             raise ConfigError("--strategy hybrid splits stack-mlp blocks; use --model stack-mlp")
-        T, D = mesh.shape[TENSOR], mesh.shape[DATA]
+        T = mesh.shape[TENSOR]
         width = model.blocks[0].up.in_features
         if width % T:
             raise ConfigError(f"--width {width} is not divisible by the tensor degree {T}; change "
                               "--width or tensor= in --mesh")
-        if self.config.data.batch_size % (D * self.config.parallel.microbatches):
-            raise ConfigError(f"--batch-size {self.config.data.batch_size} must divide into data={D} "
-                              f"shards of --microbatches {self.config.parallel.microbatches}")
         self.activation = ACTIVATIONS[model.blocks[0].activation]
         return super().init(model, tx, mesh)
 

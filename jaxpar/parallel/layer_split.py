@@ -27,6 +27,7 @@ from jaxpar import mesh as meshlib
 from jaxpar import profile
 from jaxpar import step as steplib
 from jaxpar.mesh import STAGE
+from jaxpar.parallel import layout
 from jaxpar.parallel.base import Strategy
 from jaxpar.parallel.tensor import check_model
 
@@ -86,7 +87,7 @@ class LayerSplit(Strategy):
         self.stages, per = S, depth // S
         self.ranges = [range(s * per, (s + 1) * per) for s in range(S)]
         self.graphdef, params, self.model_state = steplib.split_model(model)
-        self.shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+        self.shapes = layout.abstract(params)
         self.stage_keys = [self._stage_params(params, s) for s in range(S)]
         self._build_programs()
         return self.state_from_reference(steplib.init_state(params, self.model_state, tx))

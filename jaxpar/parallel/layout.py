@@ -11,6 +11,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import numpy as np
+
+
+def abstract(tree: Any) -> Any:
+    """Shapes and dtypes of `tree` as ShapeDtypeStructs: a layout template that holds no data."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
 
 
 def map_param_trees(tree: Any, params_like: Any, fn: Callable[[Any], Any],

@@ -22,6 +22,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -29,7 +30,7 @@ from jaxpar import mesh as meshlib
 from jaxpar import step as steplib
 from jaxpar.config import ConfigError
 from jaxpar.mesh import STAGE
-from jaxpar.parallel import schedules
+from jaxpar.parallel import layout, schedules
 from jaxpar.parallel.base import Strategy
 from jaxpar.parallel.layout import map_param_trees
 
@@ -64,14 +65,16 @@ class Pipeline(Strategy):
         if self.L % self.S:
             raise ConfigError(f"--depth {self.L} blocks do not divide into {self.S} stages; make "
                               f"--depth a multiple of {STAGE}={self.S}")
-        if self.M < 1 or cfg.data.batch_size % self.M:
-            raise ConfigError(f"--microbatches {self.M} must divide --batch-size {cfg.data.batch_size}")
+        shards = mesh.shape[self.data_axis] if self.data_axis else 1
+        if self.M < 1 or cfg.data.batch_size % (shards * self.M):
+            raise ConfigError(f"--microbatches {self.M} must divide the --batch-size "
+                              f"{cfg.data.batch_size} rows of each of the {shards} data shard(s)")
         self.schedule = cfg.parallel.schedule
         if self.schedule not in schedules.SCHEDULES:
             raise ConfigError(f"--schedule must be one of {', '.join(schedules.SCHEDULES)}")
         self.graphdef, params, self.model_state = steplib.split_model(model)
         self.block_graphdef, _, self.block_rest = steplib.split_model(model.blocks[0])
-        self.ref_template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+        self.ref_template = layout.abstract(params)
         self.pipe_template = jax.eval_shape(self._to_pipe, params)
         ref_state = steplib.init_state(params, self.model_state, tx)
         pipe_state = jax.eval_shape(lambda s: map_param_trees(s, self.ref_template, self._to_pipe), ref_state)
@@ -120,7 +123,7 @@ class Pipeline(Strategy):
         # The blocks are not used by embed/readout; zeros keep nnx.merge happy and are
         # removed by the compiler.
         dummy = jax.tree.map(lambda t: jnp.zeros(t.shape, t.dtype), self.ref_template["blocks"])
-        return nnx_merge(self.graphdef, {**outer, "blocks": dummy}, self.model_state)
+        return nnx.merge(self.graphdef, {**outer, "blocks": dummy}, self.model_state)
 
     def _embed(self, outer, images):
         return self._model(outer).embed(steplib.normalize(images))
@@ -163,7 +166,7 @@ class Pipeline(Strategy):
         return P(STAGE)
 
     def _block(self, block_params, h):
-        return nnx_merge(self.block_graphdef, block_params, self.block_rest)(h)
+        return nnx.merge(self.block_graphdef, block_params, self.block_rest)(h)
 
     def _micro(self, batch, m_count):
         return jax.tree.map(lambda x: x.reshape(m_count, -1, *x.shape[1:]), batch)
@@ -307,9 +310,3 @@ class Pipeline(Strategy):
         return {**out, "activation_bytes_per_device": step_stats["memory"]["temp_bytes"],
                 "bubble_fraction": schedules.bubble_fraction(self.table),
                 "bubble_theory": schedules.bubble_theory(self.S, self.M)}
-
-
-def nnx_merge(graphdef, params, rest):
-    from flax import nnx
-
-    return nnx.merge(graphdef, params, rest)
