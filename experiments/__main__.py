@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-from experiments import figures, hparam, pipeline_study, scaling
+from experiments import batch_size, figures, hparam, pipeline_study, scaling
 from experiments.cli import build_parser, config_from_args
 
 
@@ -33,13 +33,16 @@ COMMANDS = {
                  "config": False, "extra": "pipeline"},
     "hparam": {"help": "lr/momentum/seed search as vmapped trials vs one by one; writes OUT/hparam.json",
                "config": False, "extra": "hparam"},
+    "batch-size": {"help": "steps to a target validation error vs batch size (Shallue et al. 2018), "
+                           "lr x momentum grid as vmapped trials; writes OUT/result.json",
+                   "config": False},
     "figures": {"help": "redraw every figure from results files (--data) into --out",
                 "config": False, "extra": "figures"},
     "prepare-data": {"help": "prepare a dataset ahead of time (for offline machines and clusters)",
                      "config": {"dataset", "data_dir", "cache_dir"}},
 }
 
-STUDIES = {"scaling": scaling, "pipeline": pipeline_study, "figures": figures, "hparam": hparam}
+STUDIES = {"batch-size": batch_size, "scaling": scaling, "pipeline": pipeline_study, "figures": figures, "hparam": hparam}
 for _name, _module in STUDIES.items():
     COMMANDS[_name]["extra"] = _module.add_flags
 
@@ -75,25 +78,20 @@ def _distributed_mode(config) -> str:
 
 def run(argv: list[str]) -> int:
     args = build_parser(COMMANDS).parse_args(argv)
-    if args.command in STUDIES:
-        return 0 if STUDIES[args.command].run(args) is not None else 1
-    config = config_from_args(args)
-    from rich.console import Console
-
-    console = Console(stderr=False)
     from jaxpar.checkpoint import Interrupted
 
     try:
-        return _dispatch(args, config, console)
+        if args.command in STUDIES:
+            return 0 if STUDIES[args.command].run(args) is not None else 1
+        from rich.console import Console
+
+        return _dispatch(args, config_from_args(args), Console(stderr=False))
     except Interrupted as e:  # SIGTERM / Ctrl-C after saving a checkpoint
         print(str(e), file=sys.stderr)
         return e.exit_code
     except _user_errors() as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except Interrupted as e:
-        print(f"stopped: {e}", file=sys.stderr)
-        return e.exit_code
 
 
 def _dispatch(args, config, console) -> int:

@@ -86,12 +86,13 @@ def check_batch_size(batch_size: int, split_size: int, split: str) -> None:
             "lower --batch-size (or --val-size, which is carved from train)")
 
 
-def synthetic(n: int, seed: int) -> Arrays:
-    """`n` learnable 28x28 images: one fixed random template per class plus noise."""
+def synthetic(n: int, seed: int, noise: float = 60.0) -> Arrays:
+    """`n` learnable 28x28 images: one fixed random template per class plus Gaussian noise
+    (standard deviation `noise` grey levels; more noise, a harder task)."""
     templates = np.random.default_rng(1234).integers(0, 256, (NUM_CLASSES, 28, 28, 1))
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, NUM_CLASSES, n).astype(np.int32)
-    noise = rng.normal(0, 60, (n, 28, 28, 1))
+    noise = rng.normal(0, noise, (n, 28, 28, 1))
     images = np.clip(templates[labels] + noise, 0, 255).astype(np.uint8)
     return images, labels
 

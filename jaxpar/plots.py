@@ -101,7 +101,60 @@ def redraw(data_dir: str | Path, out_dir: str | Path) -> list[Path]:
     if pipe.exists():
         data = json.loads(pipe.read_text())
         paths += [pipeline_bubble(data, out), pipeline_schedule(data, out)]
+    bs = data_dir / "batch_size" / "result.json"
+    if bs.exists():
+        paths.append(batch_size(json.loads(bs.read_text()), out))
     hp = data_dir / "hparam" / "hparam.json"
     if hp.exists():
         paths.append(hparam_speedup(json.loads(hp.read_text()), out))
     return paths
+
+
+REGIMES = (("perfect scaling", 0.8, "#d8f3dc"), ("diminishing returns", 0.2, "#fff3b0"),
+           ("maximal data parallelism", float("-inf"), "#ffd6d6"))
+
+
+def scaling_regime(slope: float) -> str:
+    """Shallue et al.'s regime for a segment whose log-log slope is -slope (1 = steps halve
+    when the batch doubles). The thresholds (0.8, 0.2) are ours: the paper names the regimes
+    by eye, not by number."""
+    return next(name for name, low, _ in REGIMES if slope >= low)
+
+
+def batch_size(result: dict, out: Path) -> Path:
+    """Steps and examples to the target validation error vs batch size (log-log), with the
+    perfect-scaling line through the smallest batch and each segment shaded by its regime."""
+    import math
+
+    rows = [r for r in result["metrics"]["rows"] if r["reached"]]
+    cfg, env = result["config"], result["env"]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    if rows:
+        bs = [r["batch_size"] for r in rows]
+        steps = [r["steps"] for r in rows]
+        colors = {name: color for name, _, color in REGIMES}
+        seen = set()
+        for (b0, s0), (b1, s1) in zip(zip(bs, steps), zip(bs[1:], steps[1:])):
+            name = scaling_regime(math.log(s0 / s1) / math.log(b1 / b0))
+            ax.axvspan(b0, b1, color=colors[name], label=None if name in seen else name, zorder=0)
+            seen.add(name)
+        ax.plot(bs, [steps[0] * bs[0] / b for b in bs], "k--", label="perfect scaling (steps x B = const)")
+        ax.plot(bs, steps, "o-", color="C0", label="measured (best trial of the grid)")
+        ax2.plot(bs, [r["examples"] for r in rows], "o-", color="C1", label="measured")
+        ax2.axhline(rows[0]["examples"], color="k", ls="--", label="perfect scaling")
+    missed = [r["batch_size"] for r in result["metrics"]["rows"] if not r["reached"]]
+    for a in (ax, ax2):
+        a.set_xscale("log", base=2)
+        a.set_yscale("log")
+        a.set_xlabel("batch size")
+        a.legend(fontsize=8)
+    ax.set_ylabel(f"steps to {result['metrics']['target_error']:.2f} validation error")
+    ax2.set_ylabel("examples to result (steps x batch size)")
+    model = f"{cfg['model']} {cfg.get('width', '')}x{cfg.get('depth', '')}" if cfg["model"] == "mlp" else cfg["model"]
+    note = f"; not reached within budget: {missed}" if missed else ""
+    fig.suptitle(f"{cfg['dataset']}, {model}, momentum SGD, {len(cfg['trials'])} (lr, momentum) trials per "
+                 f"batch size; {env.get('cpu_cores', '?')} CPU cores{note}", fontsize=10)
+    path = out / "batch_size.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
