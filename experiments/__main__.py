@@ -71,8 +71,10 @@ def _distributed_mode(config) -> str:
     mode = config.parallel.distributed
     many = mode in ("mpi", "slurm") or (mode == "auto" and launcher() is not None)
     if many and not cls.supports_multiprocess:
-        raise ConfigError(f"--strategy {cls.name} cannot run across processes; launch one process "
-                          "or pick a strategy that can (mpi-allreduce, mpi-param-server, dp-auto)")
+        able = [n for n, c in STRATEGIES.items() if c.supports_multiprocess or getattr(c, "uses_mpi", False)]
+        raise ConfigError(f"--strategy {cls.name} cannot run across processes (not built or tested "
+                          f"for one global mesh over ranks); launch one process, or pick one that "
+                          f"can: {', '.join(able)}")
     return mode
 
 

@@ -25,6 +25,7 @@ from flax import nnx
 from jaxpar import mesh as meshlib
 from jaxpar.config import TrainConfig
 from jaxpar.step import Params, TrainState
+from jaxpar.parallel.layout import fetch
 
 
 class Strategy:
@@ -80,7 +81,7 @@ class Strategy:
         """The whole state (parameters, optimizer state, step) in the single-device layout, on
         host: what checkpoints hold, so a run can move between strategies and meshes.
         Strategies that shard or stack state override this."""
-        return jax.device_get(state)
+        return fetch(state)
 
     def state_from_reference(self, ref: TrainState) -> TrainState:
         """Inverse of `state_to_reference`: place a reference-layout state for this strategy.

@@ -26,6 +26,7 @@ from jaxpar.parallel.dp_common import DataParallel, accumulated_grads, global_su
 
 
 class DPShardMap(DataParallel):
+    supports_multiprocess = True  # shard_map over one global mesh under jax.distributed
     name = "dp-shard-map"
 
     def init(self, model, tx, mesh):

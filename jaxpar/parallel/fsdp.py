@@ -24,10 +24,11 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxpar import step as steplib
 from jaxpar.mesh import DATA
 from jaxpar.parallel.dp_common import DataParallel, accumulated_grads, global_sums
-from jaxpar.parallel.layout import map_param_trees
+from jaxpar.parallel.layout import fetch, map_param_trees
 
 
 class FSDP(DataParallel):
+    supports_multiprocess = True  # state sharded over one global mesh under jax.distributed
     name = "fsdp"
 
     def init(self, model, tx, mesh):
@@ -88,7 +89,7 @@ class FSDP(DataParallel):
 
     # --- reference layout -------------------------------------------------------------------
     def state_to_reference(self, state):
-        host = jax.device_get(state)
+        host = fetch(state)
         return map_param_trees(host, self.template, lambda t: jax.device_get(self._from_flat(t)))
 
     def state_from_reference(self, ref):

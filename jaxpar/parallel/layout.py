@@ -49,3 +49,17 @@ def map_param_trees(tree: Any, params_like: Any, fn: Callable[[Any], Any],
         return jax.tree.map(other, node)
 
     return walk(tree)
+
+
+def fetch(tree: Any) -> Any:
+    """Host (numpy) copy of `tree`, like `jax.device_get`, except that an array split over
+    other processes' devices (one global mesh under jax.distributed) is first gathered from
+    every process. Every process must call it at the same point (it is a collective there)."""
+    from jax.experimental import multihost_utils
+
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return x
+
+    return jax.device_get(jax.tree.map(one, tree))

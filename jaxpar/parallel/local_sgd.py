@@ -26,12 +26,14 @@ from jaxpar import step as steplib
 from jaxpar.config import ConfigError
 from jaxpar.mesh import DATA
 from jaxpar.parallel.dp_common import DataParallel, accumulated_grads
+from jaxpar.parallel.layout import fetch
 
 _local = functools.partial(jax.tree.map, lambda x: x[0])        # [1, ...] -> [...] inside shard_map
 _stacked = functools.partial(jax.tree.map, lambda x: x[None])   # and back
 
 
 class LocalSGD(DataParallel):
+    supports_multiprocess = True  # per-replica state over one global mesh under jax.distributed
     name = "local-sgd"
 
     def init(self, model, tx, mesh):
@@ -81,7 +83,7 @@ class LocalSGD(DataParallel):
 
     def step(self, state, batch):
         state, sums = self._call("step", state, batch)
-        sums = jax.tree.map(lambda x: np.asarray(x).sum(0), jax.device_get(sums))  # waits: one step in flight
+        sums = jax.tree.map(lambda x: np.asarray(x).sum(0), fetch(sums))  # waits: one step in flight
         self._steps_since_sync = getattr(self, "_steps_since_sync", 0) + 1
         if self._steps_since_sync == self.sync_every:
             state = self._call("average", state)
@@ -90,10 +92,10 @@ class LocalSGD(DataParallel):
         return state, sums
 
     def eval_step(self, state, batch):
-        return jax.tree.map(lambda x: np.asarray(x).sum(0), jax.device_get(self._call("eval_step", state, batch)))
+        return jax.tree.map(lambda x: np.asarray(x).sum(0), fetch(self._call("eval_step", state, batch)))
 
     def state_to_reference(self, state):
-        host = jax.device_get(state)
+        host = fetch(state)
         ref = jax.tree.map(lambda x: np.mean(x, axis=0, dtype=np.float64).astype(x.dtype), host)
         return ref.replace(step=host.step[0])
 

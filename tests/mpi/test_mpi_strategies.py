@@ -28,13 +28,14 @@ def reference(size, monkeypatch):
     return trace
 
 
-@pytest.mark.parametrize("strategy", ["mpi-allreduce", "mpi-param-server", "dp-auto"])
+@pytest.mark.parametrize("strategy", ["mpi-allreduce", "mpi-param-server", "dp-auto", "dp-shard-map",
+                                      "fsdp", "local-sgd"])
 def test_equivalent_to_single(comm, strategy, monkeypatch):
     size = comm.Get_size()
     ref = reference(size, monkeypatch)
     got = eq.run(eq.config(batch_size=16 * size, strategy=strategy), steps=5)
     eq.assert_equivalent(ref, got)
-    if strategy == "dp-auto":
+    if not strategy.startswith("mpi-"):
         assert jax.process_count() == size and got.strategy.describe()["devices"] == size
     else:
         assert got.strategy.describe()["processes"] == size
