@@ -25,8 +25,8 @@ COMMANDS = {
     "bench": {"help": "time one strategy's training step (synthetic batches); prints and "
                       "optionally writes OUT/result.json",
               "defaults": {"dataset": "synthetic"}, "extra": _bench_flags},
-    "scaling": {"help": "data-parallel strategies over device counts, strong and weak scaling "
-                        "(one bench process per point); writes OUT/summary.md",
+    "scaling": {"help": "data-parallel strategies over device counts (or MPI ranks: --ranks), "
+                        "strong and weak scaling (one bench process per point); writes OUT/summary.md",
                 "config": False, "extra": "scaling"},
     "pipeline": {"help": "pipeline bubble and activation memory vs micro-batches, GPipe vs 1F1B "
                          "(from the schedule tables); writes OUT/pipeline.json",

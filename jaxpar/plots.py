@@ -107,6 +107,78 @@ def redraw(data_dir: str | Path, out_dir: str | Path) -> list[Path]:
     hp = data_dir / "hparam" / "hparam.json"
     if hp.exists():
         paths.append(hparam_speedup(json.loads(hp.read_text()), out))
+    if (data_dir / "scaling").is_dir():
+        from jaxpar.speedup import load_points
+
+        paths += scaling_figures(load_points(data_dir / "scaling"), out)
+    return paths
+
+
+def _scaling_panels(rows: list[dict], x: str, base: str, title: str, path: Path,
+                    best: dict | None = None) -> Path:
+    """Speed-up (top) and efficiency (bottom) vs `x`, one column per (mode, model config)
+    group, a line per strategy starting at its baseline `base` (speed-up 1), the ideal line.
+
+    Args:
+      rows: speedup.device_rows or speedup.rank_rows.
+      best: group -> (speed-up of the best single-process point, label), a level line.
+    """
+    models = {r["group"]: r["model"] for r in rows}
+    panels = sorted(models, key=lambda g: (models[g], g))  # by model, then mode
+    fig, axes = plt.subplots(2, len(panels), figsize=(4.2 * len(panels), 7), squeeze=False)
+    for col, group in enumerate(panels):
+        here = [r for r in rows if r["group"] == group]
+        model, mode = here[0]["model"], here[0]["mode"]
+        start = [r for r in here if r["strategy"] == base and r[x] == 1]
+        xs = sorted({r[x] for r in here})
+        top, bottom = axes[0][col], axes[1][col]
+        for name in sorted({r["strategy"] for r in here} - {base}):
+            line = start + sorted((r for r in here if r["strategy"] == name), key=lambda r: r[x])
+            top.plot([r[x] for r in line], [r["speedup"] for r in line], "o-", label=name)
+            bottom.plot([r[x] for r in line], [r["efficiency"] for r in line], "o-", label=name)
+        top.plot(xs, xs, "k--", label="ideal")
+        bottom.plot(xs, [1] * len(xs), "k--", label="ideal")
+        if best and group in best:
+            level, label = best[group]
+            top.axhline(level, color="grey", ls=":", label=label)
+        top.set_title(f"{model}, {mode} scaling")
+        for ax in (top, bottom):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [str(v) for v in xs])
+            ax.set_xlabel(x)
+        top.set_ylabel(f"speed-up (images/s over {base} at 1)")
+        bottom.set_ylabel("efficiency (speed-up / " + x + ")")
+        top.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def scaling_figures(points: list[dict], out: Path) -> list[Path]:
+    """scaling_devices.png (simulated devices in one process) and scaling_ranks.png (MPI
+    ranks, one thread each), from `jaxpar.speedup.load_points` of the scaling study's folder."""
+    from jaxpar import speedup
+
+    paths = []
+    devices = [r for r in speedup.device_rows(points) if r["speedup"] == r["speedup"]]  # has a base
+    if devices:
+        env = devices[0]["env"]
+        title = (f"Simulated devices in ONE process share {env['cpu_cores']} CPU cores "
+                 f"(XLA's default threads: {env.get('threads_per_process', env['cores_available'])} "
+                 f"per process); jax {env['jax']}")
+        paths.append(_scaling_panels(devices, "devices", "single", title, out / "scaling_devices.png"))
+    ranks = [r for r in speedup.rank_rows(points) if r["speedup"] == r["speedup"]]
+    if ranks:
+        base = {r["group"]: r["images_per_sec"] for r in ranks if r["ranks"] == 1}
+        best = {r["group"]: (r["best"]["images_per_sec"] / base[r["group"]],
+                                          f"best 1 process ({r['best']['strategy']}, "
+                                          f"{r['best']['devices']} dev, all cores)")
+                for r in ranks if r["best"]}
+        title = (f"MPI ranks, 1 XLA thread each, pinned to core rank % {ranks[0]['cores']} "
+                 f"({ranks[0]['cores']} CPU cores); jax {ranks[0]['env']['jax']}")
+        paths.append(_scaling_panels(ranks, "ranks", "single", title, out / "scaling_ranks.png", best))
     return paths
 
 

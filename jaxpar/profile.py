@@ -21,6 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+# mpi4jax's collectives are custom calls (custom_call_target="mpi_allreduce_ffi"): counted as
+# ops "mpi_allreduce", "mpi_gather", ... with the bytes of their data operand.
+_MPI_TARGET = re.compile(r'custom_call_target="(mpi_\w+?)_ffi"')
+_OPERANDS = re.compile(r"operand_layout_constraints=\{((?:[^{}]|\{[^{}]*\})*)\}")
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
                 "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
 _SHAPE = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
@@ -55,7 +59,7 @@ def collectives(hlo_text: str) -> list[dict[str, Any]]:
 
     Returns:
       [{'op', 'bytes' (operand bytes of one execution), 'count' (executions per program run,
-        loop trip counts multiplied in), 'group_size'}]
+        loop trip counts multiplied in), 'group_size' (None for mpi4jax calls)}]
     """
     bodies: dict[str, list[str]] = {}
     entry, current = None, None
@@ -96,6 +100,11 @@ def collectives(hlo_text: str) -> list[dict[str, Any]]:
             if not m:
                 continue
             result_type, op = m.groups()
+            if op == "custom-call" and runs.get(name, 0):
+                mpi = _mpi_call(line)
+                if mpi:
+                    found.append({**mpi, "count": runs[name]})
+                continue
             base = op.removesuffix("-start")
             if base not in COLLECTIVES or op.endswith("-done") or runs.get(name, 0) == 0:
                 continue
@@ -110,6 +119,17 @@ def collectives(hlo_text: str) -> list[dict[str, Any]]:
                 nbytes *= group           # result is one shard: operand is N of them
             found.append({"op": base, "bytes": nbytes, "count": runs[name], "group_size": group})
     return found
+
+
+def _mpi_call(line: str) -> dict[str, Any] | None:
+    """An mpi4jax custom call's op and operand bytes (its first operand; the second is the
+    ordering token). The communicator's size is not in the HLO: group_size is None."""
+    target, operands = _MPI_TARGET.search(line), _OPERANDS.search(line)
+    if not (target and operands):
+        return None
+    first = _SHAPE.search(operands.group(1))
+    return {"op": target.group(1), "bytes": shape_bytes(first.group(0)) if first else 0,
+            "group_size": None}
 
 
 def collective_bytes(hlo_text: str) -> dict[str, int]:

@@ -150,6 +150,8 @@ def environment() -> dict[str, Any]:
         "cpu_cores": os.cpu_count(),
         "cores_available": affinity,
         "threads": threads_setting(),
+        # XLA sizes its CPU thread pool to the cores this process may run on (its affinity).
+        "threads_per_process": 1 if _single_threaded() else affinity,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "host": platform.node(),
         "platform": platform.platform(),
@@ -158,9 +160,12 @@ def environment() -> dict[str, Any]:
     }
 
 
+def _single_threaded() -> bool:
+    return "xla_cpu_multi_thread_eigen=false" in os.environ.get("XLA_FLAGS", "")
+
+
 def threads_setting() -> str:
     """How many threads XLA's CPU backend may use, as far as the environment says."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_cpu_multi_thread_eigen=false" in flags:
+    if _single_threaded():
         return "1 (xla_cpu_multi_thread_eigen=false)"
     return f"default (up to {os.cpu_count()} cores shared by all simulated devices)"

@@ -14,9 +14,12 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from jaxpar import mesh as meshlib
+from jaxpar import profile, theory
 from jaxpar import step as steplib
-from jaxpar.parallel import mpi_common
+from jaxpar.parallel import layout, mpi_common
 from jaxpar.parallel.base import Strategy
+
+COMM_REPEATS = 10  # timed calls of the communication alone (accounting)
 
 
 class MpiAllreduce(Strategy):
@@ -41,6 +44,7 @@ class MpiAllreduce(Strategy):
         self.device = mesh.devices.flat[0]
         self.graphdef, params, model_state = steplib.split_model(model)
         state = jax.device_put(steplib.init_state(params, model_state, tx), self.device)
+        self.template = layout.abstract(state)  # buffer sizes for theory()
         self._register("step", self._step, donate_argnums=0)
         self._register("eval_step", self._eval_step)
         self._register("gradients", self._gradients)
@@ -67,6 +71,25 @@ class MpiAllreduce(Strategy):
 
     def _eval_step(self, state, batch):
         return self._sum(steplib.eval_step(self.graphdef, state, batch["local"]))
+
+    # --- accounting ----------------------------------------------------------------------
+    def _communicate(self, state, sums):
+        """The step's MPI calls alone, on buffers shaped like the step's (no compute)."""
+        return self._sum((state.params, sums))
+
+    def theory(self) -> dict[str, int]:
+        sums = mpi_common.metric_sums_shape()
+        return theory.mpi_allreduce_bytes(mpi_common.fused_bytes((self.template.params, sums)), self.size)
+
+    def accounting(self, step_stats, state) -> dict:
+        """The base metrics (mpi4jax calls are counted from the compiled step's custom calls)
+        plus the communication's own time: `_communicate` timed on this step's buffer sizes."""
+        out = super().accounting(step_stats, state)
+        sums = jax.device_put(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                           mpi_common.metric_sums_shape()), self.device)
+        communicate = jax.jit(self._communicate)
+        times = profile.time_calls(lambda: communicate(state, sums), COMM_REPEATS)
+        return {**out, "comm_time_ms_median": profile.median_ms(times)}
 
     def compile(self, name, *args):
         """AOT-compile for the program statistics, but keep calling through `jit`: mpi4jax's

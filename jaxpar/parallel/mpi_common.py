@@ -6,7 +6,12 @@ global batch, world-size checks, and the install message when MPI is missing.
 
 from __future__ import annotations
 
+import jax
 import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from jaxpar import step as steplib
+from jaxpar.profile import tree_bytes
 
 INSTALL_HINT = (
     "install the `mpi` extra: `make test` does it, or `pip install mpi4py mpich` then "
@@ -42,3 +47,16 @@ def rank_rows(n_rows: int, rank: int, size: int) -> slice:
 def global_weight(batch: dict[str, np.ndarray]) -> np.float32:
     """The global batch's weight total: every rank divides its loss by it (step.loss_fn denom)."""
     return np.float32(np.sum(batch["weight"]))
+
+
+def metric_sums_shape() -> dict:
+    """Shapes of `step.metric_sums`' output: the sums travel in the fused buffer too."""
+    spec = jax.ShapeDtypeStruct
+    batch = {"weight": spec((1,), np.float32), "label": spec((1,), np.int32)}
+    return jax.eval_shape(steplib.metric_sums, spec((1, 2), np.float32), spec((1,), np.float32), batch)
+
+
+def fused_bytes(tree) -> int:
+    """Bytes of `tree` raveled into one buffer, as the strategies send it (`ravel_pytree`
+    casts every leaf to one common dtype)."""
+    return tree_bytes(jax.eval_shape(lambda t: ravel_pytree(t)[0], tree))

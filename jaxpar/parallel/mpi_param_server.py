@@ -13,6 +13,8 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from jaxpar import step as steplib
+from jaxpar import theory
+from jaxpar.parallel import mpi_common
 from jaxpar.parallel.mpi_allreduce import MpiAllreduce
 
 ROOT = 0
@@ -45,6 +47,14 @@ class MpiParamServer(MpiAllreduce):
         new_state = steplib.apply_update(state, grads, self.tx, model_state)
         new_state, sums = self._bcast((new_state, sums))
         return new_state, sums
+
+    def _communicate(self, state, sums):
+        return self._gather_sum((state.params, sums)), self._bcast((state, sums))
+
+    def theory(self) -> dict[str, int]:
+        sums = mpi_common.metric_sums_shape()
+        return theory.mpi_param_server_bytes(mpi_common.fused_bytes((self.template.params, sums)),
+                                             mpi_common.fused_bytes((self.template, sums)), self.size)
 
     def describe(self):
         return {**super().describe(), "collective": "mpi4jax.gather to rank 0 + bcast"}

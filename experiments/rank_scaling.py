@@ -1,0 +1,83 @@
+"""Rank scaling, the scaling study's MPI part: R processes under `mpiexec` (this venv's own),
+one pinned thread each (`--single-thread`), one simulated device per process.
+
+    python -m experiments scaling --ranks 1,2 --out figures/data/scaling          # MLP and CNN
+    python -m experiments scaling --ranks 1,2 --quick --out /tmp/ranks            # seconds
+
+Baselines, in the same results folder: 1 single-threaded rank (`single --single-thread`,
+no launcher) and the best single-process configuration (device points: `single` on 1 device
+and `--baseline-strategies` on `--device-counts` devices, XLA's default threads on all cores).
+Rank points go to OUT/ranks/<mode>/<model>-<strategy>-r<R>/, device points where the device
+study puts them (OUT/<mode>/...), so either study reuses the other's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from jaxpar.config import ConfigError
+from jaxpar.speedup import busiest_rank_bytes, rank_rows
+
+MPI_STRATEGIES = ("mpi-allreduce", "mpi-param-server", "dp-auto")
+BASELINE_STRATEGIES = ("dp-shard-map", "dp-auto")
+
+
+def mpiexec() -> Path:
+    """The launcher installed with this venv's MPICH (mpi4jax was built against it)."""
+    return Path(sys.executable).parent / "mpiexec"
+
+
+def check(strategies: list[str], ranks: list[int]) -> None:
+    """Fail before any work when a rank point cannot run, naming the fix."""
+    from jaxpar.parallel import STRATEGIES
+    from jaxpar.parallel.mpi_common import INSTALL_HINT
+
+    if any(r < 1 for r in ranks):
+        raise ConfigError(f"--ranks must be >= 1, got {ranks}")
+    for name in strategies:
+        cls = STRATEGIES.get(name)
+        if cls is None or not (getattr(cls, "uses_mpi", False) or cls.supports_multiprocess):
+            raise ConfigError(f"--strategies {name}: rank points need a strategy that runs across "
+                              f"processes ({', '.join(MPI_STRATEGIES)})")
+    if max(ranks) > 1 and not mpiexec().exists():
+        raise ConfigError(f"--ranks {max(ranks)} needs {mpiexec()}: {INSTALL_HINT}")
+    if max(ranks) > 1 and importlib.util.find_spec("mpi4jax") is None:
+        raise ConfigError(f"--ranks needs mpi4jax in this venv: {INSTALL_HINT}")
+
+
+def command(ranks: int, bench: list[str]) -> list[str]:
+    """A single-threaded rank point's command: the bench alone for R=1, else under mpiexec."""
+    bench = [*bench, "--single-thread"]
+    return bench if ranks == 1 else [str(mpiexec()), "-n", str(ranks), *bench]
+
+
+def table(points: list[dict]) -> str:
+    """Markdown table of the rank points ('' if none), with both baselines named."""
+    rows = rank_rows(points)
+    if not rows:
+        return ""
+    lines = ["| mode | model | strategy | ranks | threads/rank | global batch | ms/step | images/s | "
+             "speed-up vs 1 rank | efficiency | speed-up vs best 1-process | comm B/step/rank "
+             "(theory) | busiest rank sent/received B (model) | comm alone ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        wire = busiest_rank_bytes(r["comm_theory"])
+        comm_ms = "–" if r["comm_ms"] is None else f"{r['comm_ms']:.2f}"
+        lines.append(
+            f"| {r['mode']} | {r['model']} | {r['strategy']} | {r['ranks']} | "
+            f"{r['env'].get('threads_per_process', 1)} | {r['batch']} | {r['ms']:.1f} | "
+            f"{r['images_per_sec']:,.0f} | {r['speedup']:.2f} | {r['efficiency']:.2f} | "
+            f"{r['speedup_vs_best']:.2f} | {r['comm_bytes']:,} ({r['comm_theory'].get('total', 0):,}) | "
+            f"{'–' if wire is None else f'{wire[0]:,} / {wire[1]:,}'} | {comm_ms} |")
+    bests = {(r["mode"], r["model"]): r["best"] for r in rows if r["best"]}
+    lines.append("\nBest single-process configuration (one process, all cores, XLA's default "
+                 "threads): " + "; ".join(
+                     f"{mode} {model}: {b['strategy']} on {b['devices']} device(s), "
+                     f"{b['images_per_sec']:,.0f} images/s" for (mode, model), b in sorted(bests.items())))
+    lines.append(f"\n{rows[0]['cores']} CPU cores; each rank one XLA thread pinned to core "
+                 "rank % cores (more ranks than cores share them). Ring all-reduce: 2(R-1)/R of the "
+                 "fused buffer each way per rank; parameter server: the root receives R-1 gradients "
+                 "and sends R-1 states. 'comm alone' times the step's MPI calls without compute.")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,61 @@
+"""Scaling rows and figures from results files alone: speed-up over the right baseline (same
+mode and model config), the best single-process point, and both figures drawn.
+
+    python -m pytest -q tests/test_speedup.py
+"""
+
+import pytest
+
+from jaxpar import plots, results, speedup
+from jaxpar.config import TrainConfig, to_dict, with_options
+
+
+def _point(root, mode, strategy, images_per_sec, devices=1, ranks=None, width=None):
+    """A bench result as the scaling study lays it out (only the fields the rows read)."""
+    root = root / f"width{width}" if width else root
+    folder = root / (f"{mode}/mlp-{strategy}-{devices}" if ranks is None
+                     else f"ranks/{mode}/mlp-{strategy}-r{ranks}")
+    config = with_options(TrainConfig(), model="mlp", width=width, strategy=strategy,
+                          single_thread=ranks is not None, out=str(folder))
+    env = {"device_count": 1 if ranks else devices, "mpi_ranks": ranks or 1, "cpu_cores": 2,
+           "cores_available": 1 if ranks else 2, "threads_per_process": 1 if ranks else 2,
+           "threads": "test", "jax": "test"}
+    metrics = {"step_time_ms_median": 128e3 / images_per_sec, "images_per_sec": images_per_sec,
+               "collective_bytes_per_step": 0, "state_bytes_per_device": 0}
+    results.save(results.RunResult("bench", to_dict(config), env, metrics,
+                                   {"strategy": strategy}), folder)
+
+
+@pytest.fixture
+def study(tmp_path):
+    _point(tmp_path, "strong", "single", 1000)
+    _point(tmp_path, "strong", "dp-auto", 1500, devices=2)
+    _point(tmp_path, "strong", "dp-auto", 1200, devices=4)
+    _point(tmp_path, "strong", "single", 700, ranks=1)
+    _point(tmp_path, "strong", "mpi-allreduce", 1050, ranks=2)
+    _point(tmp_path, "weak", "single", 900)  # another mode: its own baseline
+    _point(tmp_path, "strong", "single", 10, width=8)  # another model config: not a baseline
+    return tmp_path
+
+
+def test_speedups_use_the_baseline_of_their_mode_and_model_config(study):
+    points = speedup.load_points(study)
+    rows = speedup.device_rows(points)
+    assert len(rows) == 5
+    by = {(r["mode"], r["strategy"], r["devices"]): r for r in rows
+          if '"width": null' in r["group"][1]}
+    assert by[("strong", "dp-auto", 4)]["speedup"] == pytest.approx(1.2)
+    assert by[("strong", "dp-auto", 4)]["efficiency"] == pytest.approx(0.3)
+    assert by[("weak", "single", 1)]["speedup"] == pytest.approx(1.0)
+    (two,) = [r for r in speedup.rank_rows(points) if r["ranks"] == 2]
+    assert two["speedup"] == pytest.approx(1.5) and two["efficiency"] == pytest.approx(0.75)
+    assert (two["best"]["strategy"], two["best"]["devices"]) == ("dp-auto", 2)
+    assert two["speedup_vs_best"] == pytest.approx(0.7)
+
+
+def test_both_scaling_figures_are_drawn_from_the_results(study, tmp_path):
+    out = tmp_path / "figures"
+    out.mkdir()
+    paths = plots.scaling_figures(speedup.load_points(study), out)
+    assert [p.name for p in paths] == ["scaling_devices.png", "scaling_ranks.png"]
+    assert all(p.stat().st_size > 10_000 for p in paths)
