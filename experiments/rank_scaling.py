@@ -39,8 +39,9 @@ def check(strategies: list[str], ranks: list[int]) -> None:
     for name in strategies:
         cls = STRATEGIES.get(name)
         if cls is None or not (getattr(cls, "uses_mpi", False) or cls.supports_multiprocess):
+            able = [n for n, c in STRATEGIES.items() if getattr(c, "uses_mpi", False) or c.supports_multiprocess]
             raise ConfigError(f"--strategies {name}: rank points need a strategy that runs across "
-                              f"processes ({', '.join(MPI_STRATEGIES)})")
+                              f"processes ({', '.join(able)})")
     if max(ranks) > 1 and not mpiexec().exists():
         raise ConfigError(f"--ranks {max(ranks)} needs {mpiexec()}: {INSTALL_HINT}")
     if max(ranks) > 1 and importlib.util.find_spec("mpi4jax") is None:
