@@ -182,15 +182,28 @@ def scaling_figures(points: list[dict], out: Path) -> list[Path]:
     return paths
 
 
-REGIMES = (("perfect scaling", 0.8, "#d8f3dc"), ("diminishing returns", 0.2, "#fff3b0"),
-           ("maximal data parallelism", float("-inf"), "#ffd6d6"))
+REGIMES = {"perfect scaling": "#d8f3dc", "diminishing returns": "#fff3b0",
+           "maximal data parallelism": "#ffd6d6"}
 
 
-def scaling_regime(slope: float) -> str:
-    """Shallue et al.'s regime for a segment whose log-log slope is -slope (1 = steps halve
-    when the batch doubles). The thresholds (0.8, 0.2) are ours: the paper names the regimes
-    by eye, not by number."""
-    return next(name for name, low, _ in REGIMES if slope >= low)
+def scaling_regimes(batch_sizes: list[int], steps: list[int], slack: float = 1.25) -> list[str]:
+    """Shallue et al.'s regime of each point, judged against the whole curve (so one noisy
+    point does not flip it): perfect scaling up to the largest batch whose examples used
+    (steps x B) stay within `slack` of the fewest any batch size needed; after it, maximal data
+    parallelism once the steps no longer fall below 0.9x the fewest of any smaller batch, and
+    diminishing returns before that. The paper names the regimes by eye; these thresholds
+    are ours."""
+    examples = [s * b for s, b in zip(steps, batch_sizes)]
+    knee = max(i for i, e in enumerate(examples) if e <= slack * min(examples))
+    out = []
+    for i, s in enumerate(steps):
+        if i <= knee:
+            out.append("perfect scaling")
+        elif s >= 0.9 * min(steps[:i]):
+            out.append("maximal data parallelism")
+        else:
+            out.append("diminishing returns")
+    return out
 
 
 def batch_size(result: dict, out: Path) -> Path:
@@ -204,16 +217,17 @@ def batch_size(result: dict, out: Path) -> Path:
     if rows:
         bs = [r["batch_size"] for r in rows]
         steps = [r["steps"] for r in rows]
-        colors = {name: color for name, _, color in REGIMES}
+        regimes = scaling_regimes(bs, steps)
+        edges = [bs[0] / 2 ** 0.5] + [(a * b) ** 0.5 for a, b in zip(bs, bs[1:])] + [bs[-1] * 2 ** 0.5]
         seen = set()
-        for (b0, s0), (b1, s1) in zip(zip(bs, steps), zip(bs[1:], steps[1:])):
-            name = scaling_regime(math.log(s0 / s1) / math.log(b1 / b0))
-            ax.axvspan(b0, b1, color=colors[name], label=None if name in seen else name, zorder=0)
+        for lo, hi, name in zip(edges, edges[1:], regimes):
+            ax.axvspan(lo, hi, color=REGIMES[name], label=None if name in seen else name, zorder=0)
             seen.add(name)
-        ax.plot(bs, [steps[0] * bs[0] / b for b in bs], "k--", label="perfect scaling (steps x B = const)")
+        fewest = min(s * b for s, b in zip(steps, bs))
+        ax.plot(bs, [fewest / b for b in bs], "k--", label="perfect scaling (fewest examples / B)")
         ax.plot(bs, steps, "o-", color="C0", label="measured (best trial of the grid)")
         ax2.plot(bs, [r["examples"] for r in rows], "o-", color="C1", label="measured")
-        ax2.axhline(rows[0]["examples"], color="k", ls="--", label="perfect scaling")
+        ax2.axhline(fewest, color="k", ls="--", label="perfect scaling")
     missed = [r["batch_size"] for r in result["metrics"]["rows"] if not r["reached"]]
     for a in (ax, ax2):
         a.set_xscale("log", base=2)

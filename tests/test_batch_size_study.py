@@ -41,3 +41,12 @@ def test_bad_batch_size_fails_with_the_rule_and_writes_nothing(tmp_path):
                         "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "powers of two" in p.stderr
     assert not (tmp_path / "x" / "result.json").exists()
+
+
+def test_regimes_follow_the_whole_curve():
+    from jaxpar.plots import scaling_regimes
+
+    bs = [16, 32, 64, 128, 256, 512]
+    steps = [1000, 500, 260, 200, 190, 185]  # halves, halves, then flattens
+    assert scaling_regimes(bs, steps) == ["perfect scaling"] * 3 + ["diminishing returns"] + \
+        ["maximal data parallelism"] * 2
