@@ -14,14 +14,12 @@ the machine's cores: the table states the cores and threads behind every figure.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from experiments import rank_scaling
+from experiments.points import run_point
 from jaxpar import results
 from jaxpar.checkpoint import pending
 from jaxpar.config import ConfigError
@@ -30,7 +28,6 @@ from jaxpar.speedup import device_rows, load_points
 DP_STRATEGIES = ("dp-pmap", "dp-shard-map", "dp-auto", "fsdp", "local-sgd")
 POINT_TIMEOUT_S = 600  # one bench process (or mpiexec job); a hang must not stall the study
 QUICK_TIMEOUT_S = 120
-STOP_GRACE_S = 10  # after SIGTERM, before SIGKILL
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
@@ -111,27 +108,6 @@ def bench_command(point: Point, batch: int, iters: int, extra: list[str]) -> lis
              "--strategy", point.strategy, "--devices", str(point.devices), "--batch-size",
              str(batch), "--iters", str(iters), *extra]
     return bench if point.ranks is None else rank_scaling.command(point.ranks, bench)
-
-
-def run_point(cmd: list[str], timeout: float) -> None:
-    """Run one point's command; past `timeout` stop it and everything it started. Raises with
-    its stderr on failure."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        # SIGTERM first: mpiexec (hydra) forwards it to its ranks, which run in sessions of
-        # their own and would outlive a SIGKILL of mpiexec alone.
-        proc.terminate()
-        try:
-            proc.communicate(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-        raise RuntimeError(f"{' '.join(cmd)} ran past {timeout:.0f} s and was stopped") from None
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{err[-2000:]}")
 
 
 def run(args: argparse.Namespace) -> list[Path]:

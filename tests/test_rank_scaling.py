@@ -14,7 +14,7 @@ import pytest
 
 from experiments import rank_scaling
 from experiments.__main__ import EXIT_USAGE, run
-from experiments.scaling import run_point
+from experiments.points import run_point
 from jaxpar import results
 
 needs_mpi = pytest.mark.skipif(
