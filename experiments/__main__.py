@@ -8,16 +8,20 @@ the work lives in importable functions (`jaxpar.train.train`, `jaxpar.bench.benc
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
-from experiments import batch_size, figures, hparam, pipeline_study, scaling
+from experiments import batch_size, figures, hparam, pipeline_study, scaling, strategies
 from experiments.cli import build_parser, config_from_args
 
 
 def _bench_flags(p):
     p.add_argument("--iters", type=int, default=20, help="timed steps (default: 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
+    p.add_argument("--matmul-peak", default=True, action=argparse.BooleanOptionalAction,
+                   help="also measure a matmul peak to compare achieved FLOP/s with (seconds on a "
+                        "CPU; studies comparing strategies pass --no-matmul-peak) (default: on)")
 
 
 COMMANDS = {
@@ -36,13 +40,18 @@ COMMANDS = {
     "batch-size": {"help": "steps to a target validation error vs batch size (Shallue et al. 2018), "
                            "lr x momentum grid as vmapped trials; writes OUT/result.json",
                    "config": False},
+    "strategies": {"help": "one model under every strategy on the same devices: step time, images/s, "
+                           "collective bytes, state and temp memory per device (one bench process "
+                           "per strategy); writes OUT/strategies.json and OUT/summary.md",
+                   "config": False},
     "figures": {"help": "redraw every figure from results files (--data) into --out",
                 "config": False, "extra": "figures"},
     "prepare-data": {"help": "prepare a dataset ahead of time (for offline machines and clusters)",
                      "config": {"dataset", "data_dir", "cache_dir"}},
 }
 
-STUDIES = {"batch-size": batch_size, "scaling": scaling, "pipeline": pipeline_study, "figures": figures, "hparam": hparam}
+STUDIES = {"batch-size": batch_size, "scaling": scaling, "pipeline": pipeline_study, "figures": figures,
+           "hparam": hparam, "strategies": strategies}
 for _name, _module in STUDIES.items():
     COMMANDS[_name]["extra"] = _module.add_flags
 
@@ -128,7 +137,8 @@ def _dispatch(args, config, console) -> int:
     else:
         from jaxpar.bench import benchmark, report
 
-        result = benchmark(config, iters=args.iters, warmup=args.warmup)
+        result = benchmark(config, iters=args.iters, warmup=args.warmup,
+                           matmul_peak=args.matmul_peak)
         if main:
             console.print(report(result))
     if out is not None and main:

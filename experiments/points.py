@@ -44,14 +44,23 @@ def run_point(cmd: list[str], timeout: float) -> None:
         raise PointError(f"{' '.join(cmd)} failed:\n{err[-2000:]}")
 
 
-def bench_point(folder: str | Path, flags: list[str], timeout: float) -> dict:
+def bench_point(folder: str | Path, flags: list[str], timeout: float, ranks: int | None = None) -> dict:
     """Run `python -m experiments bench FLAGS --out FOLDER` unless FOLDER already holds a
-    complete result (a stopped study resumes); return that result as a dict."""
+    complete result (a stopped study resumes); return that result as a dict.
+
+    Args:
+      ranks: run it as that many single-threaded MPI ranks (`rank_scaling.command`) instead.
+    """
     path = Path(folder) / results.RESULT_FILE
     if path.exists():
         try:
             return dataclasses.asdict(results.load(path))
         except results.ResultsError:
             pass  # damaged or older schema: measure again
-    run_point([sys.executable, "-m", "experiments", "bench", *flags, "--out", str(folder)], timeout)
+    bench = [sys.executable, "-m", "experiments", "bench", *flags]
+    if ranks is not None:
+        from experiments.rank_scaling import command
+
+        bench = command(ranks, bench)
+    run_point([*bench, "--out", str(folder)], timeout)
     return dataclasses.asdict(results.load(path))

@@ -92,6 +92,61 @@ def hparam_speedup(data: dict, out: Path) -> Path:
     return path
 
 
+FAMILY_COLOURS = {"reference": "#6c757d", "data parallel": "#1f77b4", "model parallel": "#ff7f0e",
+                  "hybrid": "#2ca02c", "multi-process": "#9467bd"}
+
+
+def strategies_bars(data: dict, out: Path) -> Path:
+    """One model under every strategy: images/s, collective bytes per step (measured beside
+    theory), state and temporary memory per device, one bar per strategy coloured by family.
+
+    Args:
+        data: the strategies.json dict written by experiments/strategies.py.
+        out: folder for strategies.png.
+    Returns:
+        the PNG path.
+    """
+    rows, cfg, env = data["metrics"]["rows"], data["config"], data["env"]
+    names = [r["strategy"] for r in rows]
+    x = list(range(len(rows)))
+    colours = [FAMILY_COLOURS.get(r["family"], "#333333") for r in rows]
+    fig, axes = plt.subplots(2, 2, figsize=(max(10, 0.8 * len(rows) + 4), 8))
+    panels = [(axes[0][0], "images_per_sec", "images/s (higher is better)", 1),
+              (axes[0][1], "collective_bytes_per_step", "collective MB/step (per device or rank)", 1e6),
+              (axes[1][0], "state_bytes_per_device", "state MB/device (params + optimizer)", 1e6),
+              (axes[1][1], "temp_bytes_per_device", "temp MB/device (XLA buffers: activations)", 1e6)]
+    for ax, key, label, scale in panels:
+        values = [r[key] / scale for r in rows]
+        if key == "collective_bytes_per_step":  # grouped: measured beside theory
+            theory = [r["collective_bytes_theory"] for r in rows]
+            ax.bar([i - 0.2 for i in x], values, 0.4, color=colours, label="measured (compiled HLO)")
+            ax.bar([i + 0.2 for i in x], [0 if t is None else t / scale for t in theory], 0.4,
+                   color=colours, alpha=0.35, hatch="//", label="theory")
+            for i, t in zip(x, theory):
+                if t is None:
+                    ax.text(i + 0.2, 0, "n/a", ha="center", va="bottom", fontsize=6, rotation=90)
+            ax.legend(fontsize=7)
+        else:
+            ax.bar(x, values, 0.7, color=colours)
+        ax.set_ylabel(label)
+        ax.set_xticks(x, names, rotation=45, ha="right", fontsize=8)
+    families = list(dict.fromkeys(r["family"] for r in rows))
+    axes[0][0].legend(handles=[plt.Rectangle((0, 0), 1, 1, color=FAMILY_COLOURS.get(f, "#333333"))
+                               for f in families], labels=families, fontsize=7)
+    skipped = sorted({**data["metrics"].get("skipped", {}), **data["metrics"].get("failed", {})})
+    note = f"; not run: {', '.join(skipped)}" if skipped else ""
+    fig.suptitle(f"{cfg['model']} width {cfg['width']} depth {cfg['depth']}, global batch "
+                 f"{cfg['batch_size']}, {cfg['devices']} devices (MPI: ranks) per strategy{note}\n"
+                 f"{env.get('cpu_cores', '?')} CPU cores shared by the simulated devices of each "
+                 f"point ({env.get('threads_per_process', '?')} XLA threads; MPI ranks: 1 each); "
+                 f"jax {env.get('jax', '?')}", fontsize=9)
+    fig.tight_layout()
+    path = out / "strategies.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 def redraw(data_dir: str | Path, out_dir: str | Path) -> list[Path]:
     """Redraw every figure whose results are under data_dir; return the PNG paths."""
     data_dir, out = Path(data_dir), Path(out_dir)
@@ -107,6 +162,9 @@ def redraw(data_dir: str | Path, out_dir: str | Path) -> list[Path]:
     hp = data_dir / "hparam" / "hparam.json"
     if hp.exists():
         paths.append(hparam_speedup(json.loads(hp.read_text()), out))
+    st = data_dir / "strategies" / "strategies.json"
+    if st.exists():
+        paths.append(strategies_bars(json.loads(st.read_text()), out))
     if (data_dir / "scaling").is_dir():
         from jaxpar.speedup import load_points
 

@@ -206,11 +206,25 @@ def tree_bytes(tree) -> int:
 
 
 def state_bytes_per_device(state) -> int:
-    """Bytes of parameters + optimizer state resident on one device, from each array's
-    sharding (its shard shape), so it also works for arrays spanning several processes."""
-    total = 0
+    """Bytes of parameters + optimizer state on the fullest device (the one that runs out of
+    memory first), from each array's sharding, so it also works for arrays spanning several
+    processes and for states whose parts live on different devices (layer-split's stages).
+    Host arrays (no sharding) count on every device."""
+    per_device: dict[Any, int] = defaultdict(int)
+    host = 0
     for leaf in jax.tree.leaves((state.params, state.opt_state)):
+        itemsize = np.dtype(leaf.dtype).itemsize
         sharding = getattr(leaf, "sharding", None)
-        shape = sharding.shard_shape(leaf.shape) if sharding is not None else np.shape(leaf)
-        total += int(np.prod(shape)) * np.dtype(leaf.dtype).itemsize
-    return int(total)
+        if sharding is None:
+            host += int(np.prod(np.shape(leaf))) * itemsize
+            continue
+        for device, index in sharding.devices_indices_map(tuple(leaf.shape)).items():
+            rows = [len(range(*i.indices(n))) for i, n in zip(index, leaf.shape)]
+            per_device[device] += int(np.prod(rows)) * itemsize
+    return int(max(per_device.values(), default=0) + host)
+
+
+def max_memory(stats: list[dict[str, Any]]) -> dict[str, int]:
+    """Field-wise maximum of several programs' `program_stats(...)["memory"]`: the memory per
+    device of a strategy that runs several programs (each on its own device or one at a time)."""
+    return {k: max(m[k] for m in stats) for k in stats[0]}

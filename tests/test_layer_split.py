@@ -47,6 +47,17 @@ def test_compile_covers_every_stage_program():
     jax.device_get(sums)
     assert dict(s.trace_counts) == counts  # compiled executables ran: no retrace
     assert {"step:train_fwd0", "step:bwd0", "step:last", "step:update0", "step:update1"} <= set(s.compiled)
+    # memory per device: the fullest device and the largest stage program, not stage 0's first
+    from jaxpar import profile
+
+    acc = s.accounting(profile.program_stats(compiled), state)
+    temps = [profile.program_stats(c)["memory"]["temp_bytes"]
+             for name, c in s.compiled.items() if name.startswith("step:")]
+    assert acc["memory_per_device"]["temp_bytes"] == max(temps)
+    assert len(acc["memory_per_stage"]) == 2
+    nbytes = lambda t: sum(x.nbytes for x in jax.tree.leaves(t))  # noqa: E731
+    per_stage = [nbytes(p) + nbytes(o) for p, o in zip(state.params, state.opt_state)]
+    assert acc["state_bytes_per_device"] == max(per_stage) < sum(per_stage)
 
 
 @requires_devices(4)

@@ -44,3 +44,21 @@ def test_all_gather_and_reduce_scatter_count_operand_bytes():
 
 def test_shape_bytes():
     assert profile.shape_bytes("(f32[2,3]{1,0}, s32[], bf16[4])") == 24 + 4 + 8
+
+
+def test_state_bytes_per_device_is_the_fullest_devices():
+    from jax.sharding import NamedSharding
+
+    from jaxpar.step import TrainState
+
+    devices = jax.devices()[:4]
+    mesh = Mesh(np.array(devices), ("d",))
+    sharded = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P("d")))  # 32 B each
+    # Stages on different devices (layer-split): device 0 holds 400 B, device 1 200 B.
+    state = TrainState(step=jnp.zeros((), jnp.int32),
+                       params=(jax.device_put(jnp.ones(100), devices[0]),
+                               jax.device_put(jnp.ones(50), devices[1]), sharded),
+                       opt_state=(), model_state={})
+    assert profile.state_bytes_per_device(state) == 400 + 32  # not the 632 B summed over devices
+    replicated = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P()))
+    assert profile.state_bytes_per_device(state.replace(params=(replicated, sharded))) == 128 + 32

@@ -16,6 +16,7 @@ with `device_put`; there are no collectives.
 
 from __future__ import annotations
 
+import re
 import time
 
 import jax
@@ -248,8 +249,10 @@ class LayerSplit(Strategy):
         else:
             build("last_eval", state.params[-1], x, labels)
         seconds = time.perf_counter() - start
-        if name == "step":  # bench/train read FLOPs off one program: keep the sum over all
-            self.step_flops = sum(profile.program_stats(self.compiled[n])["flops"] for n in names)
+        if name == "step":  # bench/train read stats off one program: keep every program's
+            stats = {n.split(":", 1)[1]: profile.program_stats(self.compiled[n]) for n in names}
+            self.step_flops = sum(st["flops"] for st in stats.values())
+            self.step_memory = {prog: st["memory"] for prog, st in stats.items()}
         first = self.compiled[names[0]]
         self.compiled[name] = first
         return first, seconds
@@ -262,11 +265,23 @@ class LayerSplit(Strategy):
     def theory(self) -> dict[str, int]:
         return {"total": 0}  # activations move with device_put between programs
 
+    def _stage_of(self, program: str) -> int:
+        """The stage whose device runs `program` ('train_fwd1' -> 1, 'last' -> the last)."""
+        return self.stages - 1 if program == "last" else int(re.search(r"\d+$", program).group())
+
     def accounting(self, step_stats, state) -> dict:
         out = {**super().accounting(step_stats, state),
                "param_bytes_per_device": max(self.stage_param_bytes())}
         if getattr(self, "step_flops", None) is not None:
             out["flops_all_stage_programs"] = self.step_flops
+        if getattr(self, "step_memory", None):
+            # `step_stats` is the first stage program's alone: memory per device is the most
+            # any stage program needs; per stage, the most of the programs on its device.
+            mems = self.step_memory
+            out["memory_per_device"] = profile.max_memory(list(mems.values()))
+            out["memory_per_stage"] = [
+                profile.max_memory([m for prog, m in mems.items() if self._stage_of(prog) == s])
+                for s in range(self.stages)]
         return out
 
     def describe(self):

@@ -46,3 +46,6 @@ class Single(Strategy):
 
     def place_batch(self, batch):
         return jax.device_put(batch, self.device)
+
+    def theory(self) -> dict[str, int]:
+        return {"total": 0}  # one device: nothing to communicate

@@ -1,0 +1,290 @@
+"""Strategies study: one model under every strategy at the same device count — step time,
+images/s, compile time, collective bytes per step (measured, and theory where the strategy
+states one), parameter + optimizer state and temporary (activation) memory per device.
+
+    python -m experiments strategies --out figures/data/strategies     # full: minutes
+    python -m experiments strategies --quick --out /tmp/strategies     # seconds
+
+One `bench` process per strategy (`experiments.points.bench_point`: a stopped study resumes,
+complete points are not run again), every single-process strategy on --devices simulated
+devices with a mesh that uses all of them (`MESHES`), the MPI strategies as --devices
+single-threaded ranks when mpi4jax is installed. Writes OUT/points/<strategy>/result.json,
+OUT/strategies.json (rows, config, env; `jaxpar.plots.strategies_bars` draws it) and
+OUT/summary.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+from experiments.points import PointError, bench_point
+from jaxpar import results
+from jaxpar.config import ConfigError
+from jaxpar.mesh import DATA, STAGE, TENSOR, parse_mesh
+
+POINT_TIMEOUT_S = 600  # one bench process (or mpiexec job); a hang must not stall the study
+QUICK_TIMEOUT_S = 120
+# Strategies grouped as in DESIGN.md (bar colours, table order).
+FAMILIES = {
+    "single": "reference",
+    "dp-pmap": "data parallel", "dp-shard-map": "data parallel", "dp-auto": "data parallel",
+    "fsdp": "data parallel", "local-sgd": "data parallel",
+    "tensor": "model parallel", "tensor-auto": "model parallel", "pipeline": "model parallel",
+    "layer-split": "model parallel",
+    "hybrid": "hybrid",
+    "mpi-allreduce": "multi-process", "mpi-param-server": "multi-process",
+}
+STAGED = ("pipeline", "layer-split")    # blocks split over STAGE = all devices
+TENSOR_SPLIT = ("tensor", "tensor-auto")  # blocks split over TENSOR = all devices
+BLOCK_MODELS = {"stack-mlp", "vit"}      # identical blocks: what model-parallel strategies split
+HYBRID_MODELS = {"stack-mlp"}
+# --quick: enough to check the study's properties (no communication for single; fsdp keeps
+# 1/N of dp-auto's state; explicit collectives equal theory), one process of seconds each.
+QUICK_STRATEGIES = ("single", "dp-auto", "fsdp")
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="results/strategies", help="output folder (default: results/strategies)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"stack-mlp width 32 depth 4, {','.join(QUICK_STRATEGIES)}, 3 timed steps")
+    p.add_argument("--model", default="stack-mlp", help="model every strategy runs (default: stack-mlp; "
+                                                        "tensor, pipeline, layer-split and hybrid need "
+                                                        "identical blocks)")
+    p.add_argument("--width", type=int, default=256, help="hidden width (default: 256)")
+    p.add_argument("--depth", type=int, default=8, help="blocks (default: 8; a multiple of --devices "
+                                                        "for pipeline and layer-split)")
+    p.add_argument("--devices", type=int, default=4,
+                   help="devices every strategy uses (MPI strategies: that many ranks) (default: 4)")
+    p.add_argument("--batch-size", type=int, default=128, help="global batch (default: 128)")
+    p.add_argument("--microbatches", type=int, default=8,
+                   help="pipeline and hybrid micro-batches per global batch (default: 8)")
+    p.add_argument("--iters", type=int, default=20, help="timed steps per strategy (default: 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
+    p.add_argument("--strategies", default=None,
+                   help="comma-separated (default: every strategy; --quick: "
+                        f"{','.join(QUICK_STRATEGIES)})")
+
+
+def mesh_for(strategy: str, devices: int) -> str:
+    """The --mesh of a single-process strategy that uses all `devices`.
+
+    hybrid: 2 stages, tensor=2 when 4 devices divide, data= the rest (4 devices: tensor=2 x
+    stage=2; 8: data=2 x tensor=2 x stage=2)."""
+    if strategy == "single":
+        return ""
+    if strategy in TENSOR_SPLIT:
+        return f"{TENSOR}={devices}"
+    if strategy in STAGED:
+        return f"{STAGE}={devices}"
+    if strategy == "hybrid":
+        tensor = 2 if devices % 4 == 0 else 1
+        return f"{DATA}={devices // (2 * tensor)},{TENSOR}={tensor},{STAGE}=2"
+    return f"{DATA}={devices}"
+
+
+def _is_mpi(strategy: str) -> bool:
+    from jaxpar.parallel import STRATEGIES
+
+    return bool(getattr(STRATEGIES[strategy], "uses_mpi", False))
+
+
+def _mpi_missing() -> str | None:
+    """Why the MPI strategies cannot run here, or None when they can."""
+    from experiments.rank_scaling import mpiexec
+    from jaxpar.parallel.mpi_common import INSTALL_HINT
+
+    if importlib.util.find_spec("mpi4jax") is None:
+        return f"mpi4jax is not installed in this venv; {INSTALL_HINT}"
+    if not mpiexec().exists():
+        return f"{mpiexec()} is missing; {INSTALL_HINT}"
+    return None
+
+
+def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, str], dict]:
+    """Check the options before any work (ConfigError names the fix); apply --quick.
+
+    Returns:
+      (strategies to run, {strategy: reason} of those skipped, the study config)
+    """
+    from jaxpar.models import MODELS
+    from jaxpar.parallel import STRATEGIES
+
+    if args.quick:
+        args.width, args.depth, args.iters, args.warmup = 32, 4, 3, 1
+    names = args.strategies.split(",") if args.strategies else (
+        list(QUICK_STRATEGIES) if args.quick else list(STRATEGIES))
+    unknown = [n for n in names if n not in STRATEGIES]
+    if unknown:
+        raise ConfigError(f"--strategies: unknown {', '.join(unknown)}; choose from {', '.join(STRATEGIES)}")
+    if args.model not in MODELS:
+        raise ConfigError(f"--model {args.model!r}: choose from {', '.join(MODELS)}")
+    n, bad = args.devices, []
+    for flag, value in (("--devices", n), ("--batch-size", args.batch_size), ("--iters", args.iters),
+                        ("--microbatches", args.microbatches), ("--width", args.width),
+                        ("--depth", args.depth)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if args.warmup < 0:
+        raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
+    needs_blocks = [s for s in names if s in (*STAGED, *TENSOR_SPLIT, "hybrid")]
+    if needs_blocks and args.model not in BLOCK_MODELS:
+        bad.append(f"{', '.join(needs_blocks)} split identical blocks: --model "
+                   f"{' or '.join(sorted(BLOCK_MODELS))}")
+    if "hybrid" in names and args.model not in HYBRID_MODELS:
+        bad.append(f"hybrid splits stack-mlp blocks: --model {' or '.join(sorted(HYBRID_MODELS))}")
+    if any(s in STAGED for s in names) and args.depth % n:
+        bad.append(f"--depth {args.depth} blocks do not split into {n} stages (pipeline, layer-split): "
+                   f"make --depth a multiple of --devices")
+    if any(s in TENSOR_SPLIT for s in names) and args.width % n:
+        bad.append(f"--width {args.width} does not split over tensor={n}: make it a multiple of --devices")
+    if "hybrid" in names and n % 2:
+        bad.append(f"hybrid runs 2 stages: give an even --devices, not {n}")
+    if "pipeline" in names and n < 2:
+        bad.append("pipeline needs --devices >= 2 stages")
+    for name in ("pipeline", "hybrid"):
+        if name not in names or (name == "hybrid" and n % 2):
+            continue
+        shards = parse_mesh(mesh_for(name, n)).get(DATA, 1)
+        if args.batch_size % (shards * args.microbatches):
+            bad.append(f"{name}: --microbatches {args.microbatches} must divide the --batch-size "
+                       f"{args.batch_size} rows of each of its {shards} data shard(s)")
+    if args.batch_size % n:
+        bad.append(f"--batch-size {args.batch_size} must be a multiple of --devices {n}")
+    if bad:
+        raise ConfigError("; ".join(bad) + " (or leave those strategies out with --strategies)")
+    skipped = {}
+    mpi = [s for s in names if _is_mpi(s)]
+    why = _mpi_missing() if mpi else None
+    if why:
+        skipped = {s: why for s in mpi}
+    elif mpi and n < 2:
+        skipped = {s: "MPI strategies need --devices >= 2 ranks" for s in mpi}
+    run = [s for s in names if s not in skipped]
+    config = {"model": args.model, "width": args.width, "depth": args.depth, "devices": n,
+              "batch_size": args.batch_size, "microbatches": args.microbatches, "iters": args.iters,
+              "warmup": args.warmup, "quick": args.quick, "strategies": names,
+              "meshes": {s: ("" if _is_mpi(s) else mesh_for(s, n)) for s in names}}
+    return run, skipped, config
+
+
+def bench_flags(strategy: str, config: dict) -> list[str]:
+    """One point's `bench` flags (an MPI point: those of each rank, one device each)."""
+    mpi = _is_mpi(strategy)
+    flags = ["--model", config["model"], "--width", str(config["width"]), "--depth",
+             str(config["depth"]), "--strategy", strategy, "--devices", "1" if mpi else
+             str(config["devices"]), "--batch-size", str(config["batch_size"]), "--iters",
+             str(config["iters"]), "--warmup", str(config["warmup"]), "--no-matmul-peak"]
+    if config["meshes"][strategy]:
+        flags += ["--mesh", config["meshes"][strategy]]
+    if strategy in ("pipeline", "hybrid"):
+        flags += ["--microbatches", str(config["microbatches"])]
+    return flags
+
+
+def _check_same_config(result: dict, strategy: str, config: dict, folder: Path) -> None:
+    """A point resumed from an earlier run must be the point this run asks for."""
+    got = result["config"]
+    want = {"model": config["model"], "width": config["width"], "depth": config["depth"],
+            "batch_size": config["batch_size"], "mesh": config["meshes"][strategy],
+            "iters": config["iters"]}
+    have = {"model": got["model"]["model"], "width": got["model"]["width"],
+            "depth": got["model"]["depth"], "batch_size": got["data"]["batch_size"],
+            "mesh": got["parallel"]["mesh"], "iters": result["metrics"]["iters"]}
+    if have != want:
+        diff = ", ".join(f"{k} {have[k]} (asked {want[k]})" for k in want if have[k] != want[k])
+        raise ConfigError(f"{folder} holds a {strategy} result of another configuration ({diff}); "
+                          "pass a fresh --out or delete that folder")
+
+
+def row(strategy: str, result: dict) -> dict:
+    """One table row from a bench result dict."""
+    m, env, desc = result["metrics"], result["env"], result["strategy"]
+    theory = m.get("collective_bytes_theory") or {}
+    mem = m["memory_per_device"]
+    processes = env.get("mpi_ranks", 1)
+    return {
+        "strategy": strategy,
+        "family": FAMILIES.get(strategy, "other"),
+        "mesh": {"ranks": processes} if _is_mpi(strategy) else desc.get("mesh", {}),
+        "devices_used": desc.get("devices", 1),
+        "processes": processes,
+        "threads_per_process": env.get("threads_per_process"),
+        "microbatches": desc.get("microbatches"),
+        "ms_per_step": m["step_time_ms_median"],
+        "ms_per_step_min": m["step_time_ms_min"],
+        "images_per_sec": m["images_per_sec"],
+        "compile_s": m["compile_s"],
+        "collective_bytes_per_step": m["collective_bytes_per_step"],
+        "collective_bytes_theory": theory.get("total"),
+        "collective_bytes_by_op": m.get("collective_bytes_by_op", {}),
+        "state_bytes_per_device": m["state_bytes_per_device"],
+        "temp_bytes_per_device": mem["temp_bytes"],
+        "argument_bytes_per_device": mem["argument_bytes"],
+        "bubble_fraction": m.get("bubble_fraction"),
+    }
+
+
+def run(args: argparse.Namespace) -> list[Path] | None:
+    """Every strategy's point, then OUT/strategies.json and OUT/summary.md (atomically).
+    Returns their paths, or None when a point failed (the others are still written)."""
+    names, skipped, config = plan(args)
+    out = results.ensure_writable(args.out)
+    timeout = QUICK_TIMEOUT_S if args.quick else POINT_TIMEOUT_S
+    rows, failed, env = [], {}, None
+    for strategy in names:
+        folder = out / "points" / strategy
+        mpi = _is_mpi(strategy)
+        where = f"{config['devices']} ranks" if mpi else f"mesh {config['meshes'][strategy] or 'one device'}"
+        print(f"{strategy:16} {where}", flush=True)
+        try:
+            result = bench_point(folder, bench_flags(strategy, config), timeout,
+                                 ranks=config["devices"] if mpi else None)
+        except PointError as e:
+            print(f"  failed: {e}", flush=True)
+            failed[strategy] = str(e)[-2000:]
+            continue
+        _check_same_config(result, strategy, config, folder)
+        rows.append(row(strategy, result))
+        if not mpi and env is None:
+            env = result["env"]  # the machine as the single-process points see it
+    study = results.RunResult(kind="strategies", config=config, env=env or results.environment(),
+                              metrics={"rows": rows, "skipped": skipped, "failed": failed})
+    paths = [results.write_atomic(out / "strategies.json", study.to_json() + "\n"),
+             results.write_atomic(out / "summary.md", summary(dataclasses.asdict(study)))]
+    print(paths[1].read_text())
+    return None if failed else paths
+
+
+def _bytes(n: int | None) -> str:
+    return "–" if n is None else f"{n:,}"
+
+
+def summary(study: dict) -> str:
+    """Markdown table of a strategies.json dict, with the machine behind the numbers."""
+    cfg, env, m = study["config"], study["env"], study["metrics"]
+    lines = [f"{cfg['model']} width {cfg['width']} depth {cfg['depth']}, global batch "
+             f"{cfg['batch_size']}, {cfg['devices']} devices per strategy, median of {cfg['iters']} "
+             f"steps after {cfg['warmup']}.\n",
+             "| strategy | mesh | ms/step | images/s | compile s | collective B/step (theory) | "
+             "state B/device | temp B/device |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in m["rows"]:
+        mesh = ",".join(f"{k}={v}" for k, v in r["mesh"].items())
+        if r["microbatches"]:
+            mesh += f", M={r['microbatches']}"
+        lines.append(f"| {r['strategy']} | {mesh} | {r['ms_per_step']:.2f} | {r['images_per_sec']:,.0f} | "
+                     f"{r['compile_s']:.2f} | {_bytes(r['collective_bytes_per_step'])} "
+                     f"({_bytes(r['collective_bytes_theory'])}) | {_bytes(r['state_bytes_per_device'])} | "
+                     f"{_bytes(r['temp_bytes_per_device'])} |")
+    lines.append(f"\n{env['backend']} ({env['device_kind']}), {env['cpu_cores']} CPU cores shared by "
+                 f"all simulated devices of a point; threads: {env['threads']}; jax {env['jax']}; "
+                 "one process per strategy. MPI strategies: one single-threaded process per rank, "
+                 "collective bytes per rank. Memory is the fullest device's: state = parameters + "
+                 "optimizer state; temp = XLA's temporary buffers of the step (activations).")
+    for name, why in {**m["skipped"], **m.get("failed", {})}.items():
+        status = "skipped" if name in m["skipped"] else "failed"
+        lines.append(f"\n{name}: {status} ({why.strip().splitlines()[-1] if why.strip() else ''})")
+    return "\n".join(lines) + "\n"

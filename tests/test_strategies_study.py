@@ -1,0 +1,77 @@
+"""The strategies study: its quick mode runs one bench process per strategy and checks real
+properties of what they measured; the figure redraws from the JSON alone; the meshes of the
+full mode use every device; bad options exit 2 with the fix."""
+
+import json
+
+import jax
+import pytest
+
+from conftest import requires_devices
+from experiments import strategies as study
+from experiments.__main__ import EXIT_USAGE, run
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("strategies")
+    assert run(["strategies", "--quick", "--out", str(out)]) == 0
+    return out, json.loads((out / "strategies.json").read_text())
+
+
+def test_quick_study_measures_what_each_strategy_buys(quick):
+    out, data = quick
+    rows = {r["strategy"]: r for r in data["metrics"]["rows"]}
+    assert set(rows) == set(study.QUICK_STRATEGIES)
+    assert data["config"]["devices"] == 4 and data["env"]["device_count"] == 4
+    single, dp, fsdp = rows["single"], rows["dp-auto"], rows["fsdp"]
+    assert single["collective_bytes_per_step"] == 0 and single["mesh"] == {"data": 1}
+    assert dp["mesh"] == fsdp["mesh"] == {"data": 4}
+    # fsdp keeps 1/N of the state per device (a few padding bytes aside); dp-auto all of it
+    assert fsdp["state_bytes_per_device"] <= dp["state_bytes_per_device"] / 4 + 1024
+    assert dp["state_bytes_per_device"] == single["state_bytes_per_device"]
+    # explicit collectives equal theory; the compiler's all-reduce moves at least the gradient
+    assert fsdp["collective_bytes_per_step"] == fsdp["collective_bytes_theory"] > 0
+    assert dp["collective_bytes_theory"] <= dp["collective_bytes_per_step"] <= 2 * dp["collective_bytes_theory"]
+    table = (out / "summary.md").read_text()
+    assert "| fsdp | data=4 |" in table and f"{data['env']['cpu_cores']} CPU cores" in table
+
+
+def test_quick_study_resumes_without_rerunning_points(quick, capsys):
+    out, _ = quick
+    files = sorted((out / "points").rglob("result.json"))
+    before = {f: f.stat().st_mtime_ns for f in files}
+    assert run(["strategies", "--quick", "--out", str(out)]) == 0
+    assert {f: f.stat().st_mtime_ns for f in files} == before
+
+
+def test_figure_redraws_from_the_json_alone(quick, tmp_path):
+    out, _ = quick
+    data = tmp_path / "data" / "strategies"
+    data.mkdir(parents=True)
+    (data / "strategies.json").write_text((out / "strategies.json").read_text())
+    assert run(["figures", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "png")]) == 0
+    assert (tmp_path / "png" / "strategies.png").stat().st_size > 10_000
+
+
+@requires_devices(4)
+def test_every_single_process_strategy_gets_a_mesh_of_all_devices():
+    from jaxpar.config import TrainConfig, with_options
+    from jaxpar.parallel import STRATEGIES
+
+    devices = jax.devices()[:4]
+    for name, cls in STRATEGIES.items():
+        if getattr(cls, "uses_mpi", False):
+            continue
+        cfg = with_options(TrainConfig(), strategy=name, mesh=study.mesh_for(name, 4))
+        mesh = cls(cfg).make_mesh(devices)
+        assert mesh.devices.size == (1 if name == "single" else 4), (name, mesh.shape)
+
+
+def test_bad_options_exit_2_naming_the_fix(tmp_path, capsys):
+    assert run(["strategies", "--strategies", "single,nosuch", "--out", str(tmp_path)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "nosuch" in err and "dp-auto" in err and "layer-split" in err
+    assert run(["strategies", "--depth", "6", "--out", str(tmp_path)]) == EXIT_USAGE
+    assert "--depth 6" in capsys.readouterr().err
+    assert not (tmp_path / "points").exists()  # checked before any work
