@@ -109,26 +109,46 @@ def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, str], dict]:
     Returns:
       (strategies to run, {strategy: reason} of those skipped, the study config)
     """
-    from jaxpar.models import MODELS
     from jaxpar.parallel import STRATEGIES
 
     if args.quick:
         args.width, args.depth, args.iters, args.warmup = 32, 4, 3, 1
+    # default order: by family (reference, data, model, hybrid, multi-process), as the table reads
+    everything = [s for s in FAMILIES if s in STRATEGIES] + [s for s in STRATEGIES if s not in FAMILIES]
     names = args.strategies.split(",") if args.strategies else (
-        list(QUICK_STRATEGIES) if args.quick else list(STRATEGIES))
+        list(QUICK_STRATEGIES) if args.quick else everything)
     unknown = [n for n in names if n not in STRATEGIES]
     if unknown:
-        raise ConfigError(f"--strategies: unknown {', '.join(unknown)}; choose from {', '.join(STRATEGIES)}")
+        raise ConfigError(f"--strategies: unknown {', '.join(unknown)}; choose from {', '.join(everything)}")
+    _check(args, names)
+    n, skipped = args.devices, {}
+    mpi = [s for s in names if _is_mpi(s)]
+    why = _mpi_missing() if mpi else None
+    if why:
+        skipped = {s: why for s in mpi}
+    elif mpi and n < 2:
+        skipped = {s: "MPI strategies need --devices >= 2 ranks" for s in mpi}
+    config = {"model": args.model, "width": args.width, "depth": args.depth, "devices": n,
+              "batch_size": args.batch_size, "microbatches": args.microbatches, "iters": args.iters,
+              "warmup": args.warmup, "quick": args.quick, "strategies": names,
+              "meshes": {s: ("" if _is_mpi(s) else mesh_for(s, n)) for s in names}}
+    return [s for s in names if s not in skipped], skipped, config
+
+
+def _check(args: argparse.Namespace, names: list[str]) -> None:
+    """Every option value, for every strategy in `names`, before any work."""
+    from jaxpar.models import MODELS
+
     if args.model not in MODELS:
         raise ConfigError(f"--model {args.model!r}: choose from {', '.join(MODELS)}")
-    n, bad = args.devices, []
-    for flag, value in (("--devices", n), ("--batch-size", args.batch_size), ("--iters", args.iters),
-                        ("--microbatches", args.microbatches), ("--width", args.width),
-                        ("--depth", args.depth)):
+    for flag, value in (("--devices", args.devices), ("--batch-size", args.batch_size),
+                        ("--iters", args.iters), ("--microbatches", args.microbatches),
+                        ("--width", args.width), ("--depth", args.depth)):
         if value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
     if args.warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
+    n, bad = args.devices, []
     needs_blocks = [s for s in names if s in (*STAGED, *TENSOR_SPLIT, "hybrid")]
     if needs_blocks and args.model not in BLOCK_MODELS:
         bad.append(f"{', '.join(needs_blocks)} split identical blocks: --model "
@@ -155,19 +175,6 @@ def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, str], dict]:
         bad.append(f"--batch-size {args.batch_size} must be a multiple of --devices {n}")
     if bad:
         raise ConfigError("; ".join(bad) + " (or leave those strategies out with --strategies)")
-    skipped = {}
-    mpi = [s for s in names if _is_mpi(s)]
-    why = _mpi_missing() if mpi else None
-    if why:
-        skipped = {s: why for s in mpi}
-    elif mpi and n < 2:
-        skipped = {s: "MPI strategies need --devices >= 2 ranks" for s in mpi}
-    run = [s for s in names if s not in skipped]
-    config = {"model": args.model, "width": args.width, "depth": args.depth, "devices": n,
-              "batch_size": args.batch_size, "microbatches": args.microbatches, "iters": args.iters,
-              "warmup": args.warmup, "quick": args.quick, "strategies": names,
-              "meshes": {s: ("" if _is_mpi(s) else mesh_for(s, n)) for s in names}}
-    return run, skipped, config
 
 
 def bench_flags(strategy: str, config: dict) -> list[str]:
@@ -184,19 +191,37 @@ def bench_flags(strategy: str, config: dict) -> list[str]:
     return flags
 
 
-def _check_same_config(result: dict, strategy: str, config: dict, folder: Path) -> None:
-    """A point resumed from an earlier run must be the point this run asks for."""
-    got = result["config"]
-    want = {"model": config["model"], "width": config["width"], "depth": config["depth"],
-            "batch_size": config["batch_size"], "mesh": config["meshes"][strategy],
-            "iters": config["iters"]}
-    have = {"model": got["model"]["model"], "width": got["model"]["width"],
-            "depth": got["model"]["depth"], "batch_size": got["data"]["batch_size"],
-            "mesh": got["parallel"]["mesh"], "iters": result["metrics"]["iters"]}
-    if have != want:
-        diff = ", ".join(f"{k} {have[k]} (asked {want[k]})" for k in want if have[k] != want[k])
-        raise ConfigError(f"{folder} holds a {strategy} result of another configuration ({diff}); "
-                          "pass a fresh --out or delete that folder")
+def _done(folder: Path) -> dict | None:
+    """The complete bench result in `folder`, or None (then bench_point measures it)."""
+    try:
+        return dataclasses.asdict(results.load(folder / results.RESULT_FILE))
+    except results.ResultsError:
+        return None
+
+
+def check_resumable(out: Path, names: list[str], config: dict) -> None:
+    """Points left by an earlier run must be the points this run asks for (checked before
+    any work, so a study is never a mix of two configurations)."""
+    for strategy in names:
+        result = _done(out / "points" / strategy)
+        if result is None:
+            continue
+        got, mpi = result["config"], _is_mpi(strategy)
+        want = {"model": config["model"], "width": config["width"], "depth": config["depth"],
+                "batch_size": config["batch_size"], "mesh": config["meshes"][strategy],
+                "devices": 1 if mpi else config["devices"], "iters": config["iters"]}
+        have = {"model": got["model"]["model"], "width": got["model"]["width"],
+                "depth": got["model"]["depth"], "batch_size": got["data"]["batch_size"],
+                "mesh": got["parallel"]["mesh"], "devices": got["parallel"]["devices"],
+                "iters": result["metrics"]["iters"]}
+        if strategy in ("pipeline", "hybrid"):
+            want["microbatches"], have["microbatches"] = config["microbatches"], got["parallel"]["microbatches"]
+        if mpi:
+            want["ranks"], have["ranks"] = config["devices"], result["env"].get("mpi_ranks")
+        if have != want:
+            diff = ", ".join(f"{k} {have[k]} (asked {want[k]})" for k in want if have[k] != want[k])
+            raise ConfigError(f"{out / 'points' / strategy} holds a {strategy} result of another "
+                              f"configuration ({diff}); pass a fresh --out or delete that folder")
 
 
 def row(strategy: str, result: dict) -> dict:
@@ -222,6 +247,9 @@ def row(strategy: str, result: dict) -> dict:
         "collective_bytes_by_op": m.get("collective_bytes_by_op", {}),
         "state_bytes_per_device": m["state_bytes_per_device"],
         "temp_bytes_per_device": mem["temp_bytes"],
+        # what the step holds besides its state: XLA's temporaries (layer-split: the residuals
+        # its stage programs hand from forward to backward, see LayerSplit.accounting)
+        "activation_bytes_per_device": m.get("activation_bytes_per_device", mem["temp_bytes"]),
         "argument_bytes_per_device": mem["argument_bytes"],
         "bubble_fraction": m.get("bubble_fraction"),
     }
@@ -232,6 +260,10 @@ def run(args: argparse.Namespace) -> list[Path] | None:
     Returns their paths, or None when a point failed (the others are still written)."""
     names, skipped, config = plan(args)
     out = results.ensure_writable(args.out)
+    check_resumable(out, names, config)
+    done = [s for s in names if _done(out / "points" / s) is not None]
+    if done:
+        print(f"{len(done)} of {len(names)} points already done in {out}; running the rest")
     timeout = QUICK_TIMEOUT_S if args.quick else POINT_TIMEOUT_S
     rows, failed, env = [], {}, None
     for strategy in names:
@@ -246,8 +278,9 @@ def run(args: argparse.Namespace) -> list[Path] | None:
             print(f"  failed: {e}", flush=True)
             failed[strategy] = str(e)[-2000:]
             continue
-        _check_same_config(result, strategy, config, folder)
         rows.append(row(strategy, result))
+        print(f"  {rows[-1]['ms_per_step']:.2f} ms/step, {rows[-1]['images_per_sec']:,.0f} images/s",
+              flush=True)
         if not mpi and env is None:
             env = result["env"]  # the machine as the single-process points see it
     study = results.RunResult(kind="strategies", config=config, env=env or results.environment(),
@@ -269,7 +302,7 @@ def summary(study: dict) -> str:
              f"{cfg['batch_size']}, {cfg['devices']} devices per strategy, median of {cfg['iters']} "
              f"steps after {cfg['warmup']}.\n",
              "| strategy | mesh | ms/step | images/s | compile s | collective B/step (theory) | "
-             "state B/device | temp B/device |",
+             "state B/device | temp/activation B/device |",
              "|---|---|---|---|---|---|---|---|"]
     for r in m["rows"]:
         mesh = ",".join(f"{k}={v}" for k, v in r["mesh"].items())
@@ -278,12 +311,15 @@ def summary(study: dict) -> str:
         lines.append(f"| {r['strategy']} | {mesh} | {r['ms_per_step']:.2f} | {r['images_per_sec']:,.0f} | "
                      f"{r['compile_s']:.2f} | {_bytes(r['collective_bytes_per_step'])} "
                      f"({_bytes(r['collective_bytes_theory'])}) | {_bytes(r['state_bytes_per_device'])} | "
-                     f"{_bytes(r['temp_bytes_per_device'])} |")
-    lines.append(f"\n{env['backend']} ({env['device_kind']}), {env['cpu_cores']} CPU cores shared by "
-                 f"all simulated devices of a point; threads: {env['threads']}; jax {env['jax']}; "
-                 "one process per strategy. MPI strategies: one single-threaded process per rank, "
+                     f"{_bytes(r['activation_bytes_per_device'])} |")
+    lines.append(f"\n{env['device_count']} simulated {env['backend']} devices ({env['device_kind']}) in one "
+                 f"process per strategy, sharing {env['cpu_cores']} CPU cores ({env['threads_per_process']} "
+                 f"XLA threads); jax {env['jax']}; images/s = global batch / median step. MPI "
+                 "strategies: one single-threaded process per rank, one device each, "
                  "collective bytes per rank. Memory is the fullest device's: state = parameters + "
-                 "optimizer state; temp = XLA's temporary buffers of the step (activations).")
+                 "optimizer state; temp/activation = XLA's temporary buffers of the step program "
+                 "(layer-split: the residuals each stage's forward program hands to its backward, "
+                 "plus that backward's temporaries).")
     for name, why in {**m["skipped"], **m.get("failed", {})}.items():
         status = "skipped" if name in m["skipped"] else "failed"
         lines.append(f"\n{name}: {status} ({why.strip().splitlines()[-1] if why.strip() else ''})")

@@ -114,7 +114,7 @@ def strategies_bars(data: dict, out: Path) -> Path:
     panels = [(axes[0][0], "images_per_sec", "images/s (higher is better)", 1),
               (axes[0][1], "collective_bytes_per_step", "collective MB/step (per device or rank)", 1e6),
               (axes[1][0], "state_bytes_per_device", "state MB/device (params + optimizer)", 1e6),
-              (axes[1][1], "temp_bytes_per_device", "temp MB/device (XLA buffers: activations)", 1e6)]
+              (axes[1][1], "activation_bytes_per_device", "temp/activation MB/device", 1e6)]
     for ax, key, label, scale in panels:
         values = [r[key] / scale for r in rows]
         if key == "collective_bytes_per_step":  # grouped: measured beside theory

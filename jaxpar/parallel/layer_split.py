@@ -282,6 +282,11 @@ class LayerSplit(Strategy):
             out["memory_per_stage"] = [
                 profile.max_memory([m for prog, m in mems.items() if self._stage_of(prog) == s])
                 for s in range(self.stages)]
+            # Activations are outputs here, not temporaries: a stage's forward returns the
+            # residuals its backward program consumes later; the last stage does both in one.
+            held = [mems[f"train_fwd{s}"]["output_bytes"] + mems[f"bwd{s}"]["temp_bytes"]
+                    for s in range(self.stages - 1)]
+            out["activation_bytes_per_device"] = max([*held, mems["last"]["temp_bytes"]])
         return out
 
     def describe(self):
