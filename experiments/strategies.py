@@ -3,14 +3,14 @@ images/s, compile time, collective bytes per step (measured, and theory where th
 states one), parameter + optimizer state and temporary (activation) memory per device.
 
     python -m experiments strategies --out figures/data/strategies     # full: minutes
-    python -m experiments strategies --quick --out /tmp/strategies     # seconds
+    python -m experiments strategies --quick --out /tmp/strategies     # 3 strategies, seconds
 
-One `bench` process per strategy (`experiments.points.bench_point`: a stopped study resumes,
-complete points are not run again), every single-process strategy on --devices simulated
-devices with a mesh that uses all of them (`MESHES`), the MPI strategies as --devices
-single-threaded ranks when mpi4jax is installed. Writes OUT/points/<strategy>/result.json,
-OUT/strategies.json (rows, config, env; `jaxpar.plots.strategies_bars` draws it) and
-OUT/summary.md.
+One `bench --no-matmul-peak` process per strategy (`experiments.points.bench_point`: a stopped
+study resumes, complete points are not run again): every single-process strategy on --devices
+simulated devices with a mesh that uses all of them (`mesh_for`), the MPI strategies as
+--devices single-threaded ranks when mpi4jax is installed (else recorded as skipped, with
+why). Writes OUT/points/<strategy>/result.json, OUT/strategies.json (RunResult: config, env,
+metrics.rows; `jaxpar.plots.strategies_bars` draws it) and OUT/summary.md, atomically.
 """
 
 from __future__ import annotations

@@ -75,3 +75,15 @@ def test_bad_options_exit_2_naming_the_fix(tmp_path, capsys):
     assert run(["strategies", "--depth", "6", "--out", str(tmp_path)]) == EXIT_USAGE
     assert "--depth 6" in capsys.readouterr().err
     assert not (tmp_path / "points").exists()  # checked before any work
+
+
+def test_mpi_strategies_are_skipped_with_the_reason_when_mpi_is_missing(monkeypatch):
+    from experiments.__main__ import COMMANDS
+    from experiments.cli import build_parser
+
+    monkeypatch.setattr(study, "_mpi_missing", lambda: "mpi4jax is not installed")
+    args = build_parser(COMMANDS).parse_args(["strategies", "--strategies", "single,mpi-allreduce"])
+    names, skipped, config = study.plan(args)
+    assert names == ["single"] and skipped == {"mpi-allreduce": "mpi4jax is not installed"}
+    assert config["strategies"] == ["single", "mpi-allreduce"]
+    assert "--no-matmul-peak" in study.bench_flags("single", config)
