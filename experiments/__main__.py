@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-from experiments import batch_size, figures, hparam, pipeline_study, scaling
+from experiments import batch_size, figures, hparam, pipeline_study, scaling, time_to_accuracy
 from experiments.cli import build_parser, config_from_args
 
 
@@ -36,13 +36,18 @@ COMMANDS = {
     "batch-size": {"help": "steps to a target validation error vs batch size (Shallue et al. 2018), "
                            "lr x momentum grid as vmapped trials; writes OUT/result.json",
                    "config": False},
+    "time-to-accuracy": {"help": "wall time, steps and images/s to a target validation accuracy for MLP, "
+                                 "CNN and ResNet per strategy (one train process per point); writes "
+                                 "OUT/time_to_accuracy.json and OUT/summary.md",
+                         "config": False},
     "figures": {"help": "redraw every figure from results files (--data) into --out",
                 "config": False, "extra": "figures"},
     "prepare-data": {"help": "prepare a dataset ahead of time (for offline machines and clusters)",
                      "config": {"dataset", "data_dir", "cache_dir"}},
 }
 
-STUDIES = {"batch-size": batch_size, "scaling": scaling, "pipeline": pipeline_study, "figures": figures, "hparam": hparam}
+STUDIES = {"batch-size": batch_size, "scaling": scaling, "pipeline": pipeline_study, "figures": figures,
+           "hparam": hparam, "time-to-accuracy": time_to_accuracy}
 for _name, _module in STUDIES.items():
     COMMANDS[_name]["extra"] = _module.add_flags
 
