@@ -282,7 +282,8 @@ def time_to_accuracy(data: dict, out: Path) -> Path:
     bars.set_xticklabels([f"{m}\nval acc {next(r['target'] for r in rows if r['model'] == m):.2f}"
                           for m in models])
     bars.set_ylabel("training time to target (s, compile excluded)")
-    bars.set_title("time to target (steps on the bars)", fontsize=9)
+    hatched = "; hatched: per-shard batch norm" if any(r.get("batch_norm_per_shard") for r in rows) else ""
+    bars.set_title(f"time to target (steps on the bars{hatched})", fontsize=9)
     bars.legend(fontsize=7)
     for ax, model in zip(axes[0][1:], models):
         here = [r for r in rows if r["model"] == model]
