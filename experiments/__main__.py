@@ -12,7 +12,8 @@ import argparse
 import sys
 import time
 
-from experiments import batch_size, figures, hparam, pipeline_study, scaling, strategies
+from experiments import (batch_size, figures, hparam, pipeline_study, scaling, strategies,
+                         time_to_accuracy)
 from experiments.cli import build_parser, config_from_args
 
 
@@ -44,6 +45,10 @@ COMMANDS = {
                            "collective bytes, state and temp memory per device (one bench process "
                            "per strategy); writes OUT/strategies.json and OUT/summary.md",
                    "config": False},
+    "time-to-accuracy": {"help": "wall time, steps and images/s to a target validation accuracy for MLP, "
+                                 "CNN and ResNet per strategy (one train process per point); writes "
+                                 "OUT/time_to_accuracy.json and OUT/summary.md",
+                         "config": False},
     "figures": {"help": "redraw every figure from results files (--data) into --out",
                 "config": False, "extra": "figures"},
     "prepare-data": {"help": "prepare a dataset ahead of time (for offline machines and clusters)",
@@ -51,7 +56,7 @@ COMMANDS = {
 }
 
 STUDIES = {"batch-size": batch_size, "scaling": scaling, "pipeline": pipeline_study, "figures": figures,
-           "hparam": hparam, "strategies": strategies}
+           "hparam": hparam, "strategies": strategies, "time-to-accuracy": time_to_accuracy}
 for _name, _module in STUDIES.items():
     COMMANDS[_name]["extra"] = _module.add_flags
 

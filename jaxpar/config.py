@@ -77,6 +77,9 @@ class TrainConfig:
     seed: int = _opt(0, "seeds parameters, the validation split and the data order")
     out: str | None = _opt(None, "folder for result.json (default: results/<model>-<strategy>-<time>)")
     eval_every: int | None = _opt(None, "validate every N steps (default: once per epoch)")
+    # None: train the whole budget. Set: --epochs/--steps become the budget (and still span
+    # the learning-rate schedule), and the run stops at the first validation that reaches it.
+    target_accuracy: float | None = _opt(None, "stop at the first validation whose accuracy reaches this, in (0, 1]; needs --val-size > 0")
     progress: bool = _opt(True, "show a live progress bar")
     checkpoint_dir: str | None = _opt(None, "save orbax checkpoints here (reference layout: resumable under any strategy or mesh)")
     checkpoint_every: int | None = _opt(None, "checkpoint every N steps (default: only at the end, on SIGTERM and on Ctrl-C)")

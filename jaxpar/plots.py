@@ -165,6 +165,9 @@ def redraw(data_dir: str | Path, out_dir: str | Path) -> list[Path]:
     st = data_dir / "strategies" / "strategies.json"
     if st.exists():
         paths.append(strategies_bars(json.loads(st.read_text()), out))
+    tta = data_dir / "time_to_accuracy" / "time_to_accuracy.json"
+    if tta.exists():
+        paths.append(time_to_accuracy(json.loads(tta.read_text()), out))
     if (data_dir / "scaling").is_dir():
         from jaxpar.speedup import load_points
 
@@ -299,6 +302,65 @@ def batch_size(result: dict, out: Path) -> Path:
     fig.suptitle(f"{cfg['dataset']}, {model}, momentum SGD, {len(cfg['trials'])} (lr, momentum) trials per "
                  f"batch size; {env.get('cpu_cores', '?')} CPU cores{note}", fontsize=10)
     path = out / "batch_size.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def time_to_accuracy(data: dict, out: Path) -> Path:
+    """Training time to the target validation accuracy, bars grouped by model (one per
+    strategy, steps written on each), and validation accuracy against training time per model.
+
+    Args:
+        data: the RunResult dict written by experiments/time_to_accuracy.py.
+        out: folder for time_to_accuracy.png.
+    Returns:
+        the PNG path.
+    """
+    rows, env = data["metrics"]["rows"], data["env"]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+    colour = {s: f"C{i}" for i, s in enumerate(strategies)}
+    fig, axes = plt.subplots(1, 1 + len(models), figsize=(4.2 * (1 + len(models)), 4), squeeze=False)
+    bars = axes[0][0]
+    width = 0.8 / len(strategies)
+    for i, model in enumerate(models):
+        for j, name in enumerate(strategies):
+            r = next((r for r in rows if r["model"] == model and r["strategy"] == name), None)
+            if r is None:
+                continue
+            x = i - 0.4 + (j + 0.5) * width
+            if r["reached"]:
+                bars.bar(x, r["time_s"], width, color=colour[name], label=name if i == 0 else None,
+                         hatch="//" if r.get("batch_norm_per_shard") else None)
+                bars.text(x, r["time_s"], f"{r['steps']}", ha="center", va="bottom", fontsize=7)
+            else:
+                bars.text(x, 0, "not\nreached", ha="center", va="bottom", fontsize=7, color=colour[name])
+    bars.set_xticks(range(len(models)))
+    bars.set_xticklabels([f"{m}\nval acc {next(r['target'] for r in rows if r['model'] == m):.2f}"
+                          for m in models])
+    bars.set_ylabel("training time to target (s, compile excluded)")
+    hatched = "; hatched: per-shard batch norm" if any(r.get("batch_norm_per_shard") for r in rows) else ""
+    bars.set_title(f"time to target (steps on the bars{hatched})", fontsize=9)
+    bars.legend(fontsize=7)
+    for ax, model in zip(axes[0][1:], models):
+        here = [r for r in rows if r["model"] == model]
+        for r in here:
+            curve = r["curve"]
+            ax.plot([c["train_s"] for c in curve], [c["val_accuracy"] for c in curve], ".-",
+                    color=colour[r["strategy"]], label=r["strategy"] + (" (per-shard BN)" if
+                                                                        r.get("batch_norm_per_shard") else ""))
+        ax.axhline(here[0]["target"], color="k", ls="--", lw=1, label="target")
+        ax.set_xlabel("training time (s)")
+        ax.set_ylabel("validation accuracy")
+        ax.set_title(model, fontsize=9)
+        ax.legend(fontsize=7)
+    cfg = data["config"]
+    fig.suptitle(f"Time to a validation-accuracy target: global batch {cfg['batch_size']}, seed "
+                 f"{cfg['seed']}, validation every {cfg['eval_every']} steps; {env.get('cpu_cores', '?')} "
+                 f"CPU cores shared by the simulated devices; jax {env.get('jax', '?')}", fontsize=9)
+    fig.tight_layout()
+    path = out / "time_to_accuracy.png"
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -4,6 +4,11 @@ One loop for every strategy. It validates each epoch (or every `--eval-every` st
 at the end, shows a rich progress bar and returns a `RunResult` for `results.save`.
 
     python -m experiments train --model cnn --epochs 3 --out results/run1
+    python -m experiments train --model mlp --epochs 5 --eval-every 25 --target-accuracy 0.85
+
+With `--target-accuracy` the run stops at the first validation whose accuracy reaches the
+target; `time_to_target_s` is the training time up to that step: step time only, without
+compilation (`compile_s`, reported apart) and without evaluation. It survives `--resume`.
 """
 
 from __future__ import annotations
@@ -28,6 +33,25 @@ from jaxpar.results import RunResult, environment
 from jaxpar.step import summarize
 
 
+def check_target(config: TrainConfig) -> None:
+    """A --target-accuracy that can be reached: a fraction in (0, 1] and a validation split."""
+    target = config.target_accuracy
+    if target is None:
+        return
+    if not 0 < target <= 1:
+        raise ConfigError(f"--target-accuracy is a fraction in (0, 1], e.g. 0.85; got {target}")
+    if config.data.val_size == 0:
+        raise ConfigError("--target-accuracy is checked on the validation split; set --val-size > 0 "
+                          "(examples carved from train)")
+
+
+def first_reaching(history: list[dict[str, Any]], target: float | None) -> dict[str, Any] | None:
+    """The first validation record whose accuracy reaches `target` (None: none, or no target)."""
+    if target is None:
+        return None
+    return next((h for h in history if h["val_accuracy"] >= target), None)
+
+
 def make_strategy(config: TrainConfig):
     name = config.parallel.strategy
     if name not in STRATEGIES:
@@ -49,6 +73,20 @@ def evaluate(strategy, state, split, batch_size: int) -> dict[str, float]:
         for k, v in sums.items():
             totals[k] = totals.get(k, 0.0) + float(v)
     return summarize(totals)
+
+
+def target_metrics(reached: dict[str, Any] | None, batch_size: int) -> dict[str, Any]:
+    """What reaching --target-accuracy cost, from the first validation record that reached it.
+
+    time_to_target_s: training time up to that validation, step time only (compilation and
+    evaluation excluded; `compile_s` is reported apart); images/s to target divides by it."""
+    if reached is None:
+        return {"reached_target": False, "steps_to_target": None, "examples_to_target": None,
+                "time_to_target_s": None, "images_per_sec_to_target": None}
+    examples = reached["step"] * batch_size
+    return {"reached_target": True, "steps_to_target": reached["step"], "examples_to_target": examples,
+            "time_to_target_s": reached["train_s"],
+            "images_per_sec_to_target": examples / reached["train_s"] if reached["train_s"] else None}
 
 
 def _progress(enabled: bool):
@@ -82,6 +120,7 @@ def fit(config: TrainConfig, console=None) -> Outcome:
     """
     wall_start = time.perf_counter()
     strategy = make_strategy(config)
+    check_target(config)
     if config.resume and not config.checkpoint_dir:
         raise ConfigError("--resume needs --checkpoint-dir (the folder the run saved to)")
     # Checks the folder before any work or write (bad --resume input overwrites nothing).
@@ -96,7 +135,7 @@ def fit(config: TrainConfig, console=None) -> Outcome:
     epochs = math.ceil(total_steps / per_epoch)
     tx = make_optimizer(config.optim, total_steps)
     state = strategy.init(build_model(config), tx, mesh)
-    step, resumed_from = 0, None
+    step, resumed_from, train_s = 0, None, 0.0
     running = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
     history: list[dict[str, Any]] = []
     if ckpt is not None and config.resume:
@@ -104,6 +143,7 @@ def fit(config: TrainConfig, console=None) -> Outcome:
         state = strategy.state_from_reference(ref)
         step = resumed_from = saved["step"]
         running, history = saved["running"], saved["history"]
+        train_s = saved.get("train_s", 0.0)  # time to target counts the steps before the stop
         if console is not None:
             console.print(f"resumed from step {step} ({ckpt.directory / str(step)})")
 
@@ -120,10 +160,12 @@ def fit(config: TrainConfig, console=None) -> Outcome:
     # (DEVELOPERS.md); elsewhere wait only every few steps so the host runs ahead.
     sync_every = 1 if jax.default_backend() == "cpu" else 10
     step_times: list[float] = []
-    train_s = 0.0
     last = {"loss": float("nan"), "accuracy": float("nan")}
+    # A run resumed after it reached the target has nothing left to train.
+    reached = first_reaching(history, config.target_accuracy)
 
     def validate(epoch: int) -> None:
+        nonlocal reached
         if splits.val is None:
             return
         val = evaluate(strategy, state, splits.val, eval_bs)
@@ -134,16 +176,22 @@ def fit(config: TrainConfig, console=None) -> Outcome:
         if console is not None:
             console.print(f"epoch {epoch + 1:>3}  step {step:>6}  train loss {last['loss']:.4f}  "
                           f"val loss {val['loss']:.4f}  val acc {val['accuracy']:.4f}")
+        reached = first_reaching([record], config.target_accuracy)
+        if reached is not None and console is not None:
+            console.print(f"target validation accuracy {config.target_accuracy} reached at step {step} "
+                          f"({train_s:.1f} s of training)")
 
     def save():  # the data order is a function of (seed, epoch): the step fixes the position
         progress = {"epoch": step // per_epoch, "position": step % per_epoch,
-                    "running": running, "history": history}
+                    "running": running, "history": history, "train_s": train_s}
         return ckpt.save(step, strategy.state_to_reference(state), progress)
 
     with _progress(config.progress and console is not None) as bar, (ckpt or contextlib.nullcontext()):
         task = bar.add_task("train", total=total_steps, completed=step, epoch=1, loss=float("nan"),
                             acc=0.0, ips=0.0)
         for epoch in range(step // per_epoch, epochs):
+            if reached is not None:
+                break
             start = step - epoch * per_epoch  # > 0 only in the epoch a resumed run stopped in
             for batch in datalib.train_batches(splits.train, batch_size, config.seed, epoch, start):
                 if step >= total_steps:
@@ -151,7 +199,9 @@ def fit(config: TrainConfig, console=None) -> Outcome:
                 t0 = time.perf_counter()
                 state, sums = strategy.step(state, strategy.place_batch(batch))
                 step += 1
-                if step % sync_every == 0 or step == total_steps:
+                evaluating = bool(config.eval_every) and step % config.eval_every == 0
+                # Wait for the step before a validation, so train_s counts every step before it.
+                if step % sync_every == 0 or step == total_steps or evaluating:
                     sums = jax.device_get(sums)
                     for k in running:
                         running[k] += float(sums[k])
@@ -162,7 +212,7 @@ def fit(config: TrainConfig, console=None) -> Outcome:
                     ips = batch_size / statistics.median(step_times[-50:])
                     bar.update(task, completed=step, epoch=epoch + 1, loss=last["loss"],
                                acc=last["accuracy"], ips=ips)
-                if config.eval_every and step % config.eval_every == 0:
+                if evaluating:
                     validate(epoch)
                 if ckpt is not None and ckpt.signum is not None:  # SIGTERM / Ctrl-C
                     folder = save()
@@ -170,15 +220,15 @@ def fit(config: TrainConfig, console=None) -> Outcome:
                     raise ckpt.interrupted(folder)
                 if ckpt is not None and ckpt.due(step) and step % per_epoch:  # epoch ends: below
                     save()
-                if step >= total_steps:
+                if step >= total_steps or reached is not None:
                     break
-            if not config.eval_every and step > epoch * per_epoch + start:
+            if not config.eval_every and step > epoch * per_epoch + start and reached is None:
                 validate(epoch)
             if step % per_epoch == 0:
                 running = {k: 0.0 for k in running}
                 if ckpt is not None and ckpt.due(step) and step < total_steps:
                     save()
-            if step >= total_steps:
+            if step >= total_steps or reached is not None:
                 break
     if ckpt is not None:
         if ckpt.last_saved != step:
@@ -205,6 +255,8 @@ def fit(config: TrainConfig, console=None) -> Outcome:
         "flops_per_step": stats["flops"],
         **accounting,
     }
+    if config.target_accuracy is not None:
+        metrics.update(target_metrics(reached, batch_size))
     if console is not None:
         console.print(f"test accuracy {test['accuracy']:.4f}  test loss {test['loss']:.4f}  "
                       f"({step} steps, {metrics['wall_s']:.0f} s)")

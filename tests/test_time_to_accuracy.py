@@ -1,0 +1,68 @@
+"""The time-to-accuracy study in its quick mode: real properties, not files.
+
+    python -m pytest -q tests/test_time_to_accuracy.py
+"""
+
+import json
+
+import pytest
+
+from experiments.__main__ import run
+
+
+def _rows(folder):
+    data = json.loads((folder / "time_to_accuracy.json").read_text())
+    return {r["strategy"]: r for r in data["metrics"]["rows"]}, data
+
+
+def test_data_parallel_reaches_the_target_at_singles_step_reproducibly(tmp_path, capsys):
+    study = tmp_path / "data" / "time_to_accuracy"
+    assert run(["time-to-accuracy", "--quick", "--out", str(study)]) == 0
+    rows, data = _rows(study)
+    single, dp = rows["single"], rows["dp-shard-map"]
+    assert single["reached"] and dp["reached"], (single, dp)
+    assert (single["devices"], dp["devices"]) == (1, 2)
+    # Same global batch and seed: the same trajectory, so the same step, on 1 device or 2.
+    assert dp["steps"] == single["steps"] and dp["examples"] == single["examples"]
+    val_size = data["config"]["val_size"]
+    for a, b in zip(single["curve"], dp["curve"], strict=True):
+        assert a["step"] == b["step"] and abs(a["val_accuracy"] - b["val_accuracy"]) <= 2 / val_size
+    # The reported step is the first validation at or above the target, a multiple of eval-every.
+    accs = [c["val_accuracy"] for c in single["curve"]]
+    assert accs[-1] >= single["target"] > max(accs[:-1])
+    assert single["steps"] % data["config"]["eval_every"] == 0
+    assert data["env"]["cpu_cores"] >= 1 and data["config"]["train_flags"]
+    assert "| mlp | dp-shard-map | 2 |" in (study / "summary.md").read_text()
+
+    # A re-run with the same seed (a fresh folder, one strategy) gives the same step exactly.
+    again = tmp_path / "again"
+    assert run(["time-to-accuracy", "--quick", "--strategies", "dp-shard-map", "--out", str(again)]) == 0
+    rerun = _rows(again)[0]["dp-shard-map"]
+    assert rerun["steps"] == dp["steps"]
+    assert [(c["step"], c["val_accuracy"]) for c in rerun["curve"]] == \
+        [(c["step"], c["val_accuracy"]) for c in dp["curve"]]
+
+    # The same folder again: complete points are not run again.
+    capsys.readouterr()
+    assert run(["time-to-accuracy", "--quick", "--out", str(study)]) == 0
+    assert "2 of 2 points already done" in capsys.readouterr().out
+    assert _rows(study)[0]["single"]["time_s"] == single["time_s"]
+
+    # The figure comes from the JSON alone.
+    assert run(["figures", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "png")]) == 0
+    assert (tmp_path / "png" / "time_to_accuracy.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("flags,needles", [
+    (["--models", "mlp,gpt"], ["--models", "gpt", "choices: mlp, cnn, resnet"]),
+    (["--strategies", "pipeline"], ["--strategies", "choices: single, dp-pmap, dp-shard-map"]),
+    (["--models", "vit"], ["no target accuracy for vit", "--targets"]),
+    (["--targets", "mlp=1.5"], ["--targets", "(0, 1]"]),
+    (["--targets", "mlp"], ["model=accuracy"])])
+def test_bad_options_exit_2_with_the_fix_and_write_nothing(tmp_path, capsys, flags, needles):
+    code = run(["time-to-accuracy", "--quick", *flags, "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    assert not (tmp_path / "x").exists()
