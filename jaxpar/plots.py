@@ -14,38 +14,58 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def pipeline_bubble(data: dict, out: Path) -> Path:
-    """Bubble fraction and peak in-flight micro-batches vs M, GPipe vs 1F1B, theory line.
+def pipeline_bubble(result: dict, out: Path) -> Path:
+    """2x2 panels vs micro-batches M, GPipe vs 1F1B: bubble fraction from the schedule with the
+    (S-1)/(M+S-1) line; measured images/s; peak micro-batches in flight; measured temporary
+    memory per device (XLA's memory analysis of the compiled step).
 
     Args:
-        data: the dict written by experiments/pipeline_study.py.
+        result: the RunResult dict written by experiments/pipeline_study.py (pipeline.json).
         out: folder for pipeline_bubble.png.
     Returns:
         the PNG path.
     """
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    data, cfg = result["metrics"], result["config"]
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7.5))
+    (bub, tput), (flight, mem) = axes
     for name, mark in (("gpipe", "o"), ("1f1b", "x")):
         rows = [r for r in data["rows"] if r["schedule"] == name]
         ms = [r["M"] for r in rows]
-        ax.plot(ms, [r["bubble"] for r in rows], mark, label=f"{name} (schedule)")
-        ax2.plot(ms, [r["peak_in_flight"] for r in rows], mark + "-", label=name)
+        bub.plot(ms, [r["bubble"] for r in rows], mark, ms=8, label=f"{name} (schedule)")
+        flight.plot(ms, [r["peak_in_flight"] for r in rows], mark + "-", label=name)
+        timed = [r for r in rows if r.get("images_per_sec")]
+        tput.plot([r["M"] for r in timed], [r["images_per_sec"] for r in timed], mark + "-", label=name)
+        mem.plot([r["M"] for r in timed], [r["temp_bytes"] / 2 ** 20 for r in timed], mark + "-", label=name)
     theory = [r for r in data["rows"] if r["schedule"] == "gpipe"]
-    ax.plot([r["M"] for r in theory], [r["theory"] for r in theory], "k--", label="(S-1)/(M+S-1)")
-    for a in (ax, ax2):
+    bub.plot([r["M"] for r in theory], [r["theory"] for r in theory], "k--", label="(S-1)/(M+S-1)")
+    bub.set_ylabel("bubble fraction (idle stage-slots)")
+    tput.set_ylabel("images/s (measured)")
+    flight.set_ylabel("peak micro-batches in flight per stage")
+    mem.set_ylabel("temp memory per device (MiB, measured)")
+    ms_all = sorted({r["M"] for r in data["rows"]})
+    for a in axes.flat:
         a.set_xscale("log", base=2)
+        a.set_xticks(ms_all, [str(m) for m in ms_all])
+        a.set_xlim(ms_all[0] / 1.3, ms_all[-1] * 1.3)
         a.set_xlabel("micro-batches M")
-        a.legend()
-    ax.set_ylabel("bubble fraction")
-    ax2.set_ylabel("peak micro-batches in flight (activation memory)")
-    fig.suptitle(f"Pipeline, S={data['stages']} stages (throughput: not measured)")
+        a.legend(fontsize=8)
+    for a in (tput, mem):
+        if not any(r.get("images_per_sec") for r in data["rows"]):
+            a.text(0.5, 0.5, "not measured (--no-measure)", ha="center", transform=a.transAxes)
+    env = data.get("point_env") or result.get("env", {})
+    fig.suptitle(f"Pipeline, S={data['stages']} stages on {data['stages']} simulated CPU devices sharing "
+                 f"{env.get('cpu_cores', '?')} cores; stack-mlp width {cfg.get('width')} x "
+                 f"{cfg.get('depth')} blocks, batch {cfg.get('batch_size')}", fontsize=10)
+    fig.tight_layout()
     path = out / "pipeline_bubble.png"
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
-def pipeline_schedule(data: dict, out: Path) -> Path:
+def pipeline_schedule(result: dict, out: Path) -> Path:
     """GPipe-paper-style picture: devices as rows, F/B micro-batch blocks over time."""
+    data = result["metrics"]
     names = list(data["tables"])
     fig, axes = plt.subplots(len(names), 1, figsize=(12, 1.2 + 0.5 * data["stages"] * len(names)))
     for ax, name in zip(axes, names):
