@@ -90,22 +90,52 @@ def pipeline_schedule(result: dict, out: Path) -> Path:
     return path
 
 
-def hparam_speedup(data: dict, out: Path) -> Path:
-    """Wall time of the search, vmapped trials vs one by one, per width group."""
-    groups = data["groups"]
-    x = range(len(groups))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.bar([i - 0.2 for i in x], [g["sequential_s"] for g in groups], 0.4, label="one by one")
-    ax.bar([i + 0.2 for i in x], [g["vmapped_s"] for g in groups], 0.4, label="vmapped trials")
+def hparam_speedup(result: dict, out: Path) -> Path:
+    """Left: training wall time of the search (compilation excluded, drawn on top, hatched),
+    one trial after another vs vmapped trials, per (width, depth) group, with the speed-up.
+    Right: every trial's validation accuracy per group, the best one starred.
+
+    Args:
+        result: the RunResult dict written by experiments/hparam.py (hparam.json).
+        out: folder for hparam_speedup.png.
+    """
+    cfg, env, groups = result["config"], result["env"], result["metrics"]["groups"]
+    x = list(range(len(groups)))
+    names = [f"width {g['width']}\ndepth {g['depth']}" for g in groups]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for dx, kind, label, color in ((-0.2, "sequential", "one by one", "C0"), (0.2, "vmapped", "vmapped trials", "C1")):
+        run = [g[f"{kind}_s"] for g in groups]
+        comp = [g[f"{kind}_compile_s"] for g in groups]
+        ax.bar([i + dx for i in x], run, 0.4, color=color, label=f"{label} (training)")
+        ax.bar([i + dx for i in x], comp, 0.4, bottom=run, color=color, alpha=0.35, hatch="//",
+               label=f"{label} (compilation)")
     for i, g in zip(x, groups):
-        ax.text(i, max(g["sequential_s"], g["vmapped_s"]), f"{g['speedup']:.2f}x", ha="center", va="bottom")
-    ax.set_xticks(list(x))
-    ax.set_xticklabels([f"MLP width {g['width']}\n{len(g['trials'])} trials" for g in groups])
+        top = max(g["sequential_s"] + g["sequential_compile_s"], g["vmapped_s"] + g["vmapped_compile_s"])
+        ax.text(i, top, f"{g['speedup']:.1f}x\n(training)", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, names)
     ax.set_ylabel("wall time (s)")
-    env = data.get("env", {})
-    ax.set_title(f"hparam search, {data['steps']} steps; {env.get('cpu_cores', '?')} cores, "
-                 f"{env.get('device_count', '?')} device(s)")
-    ax.legend()
+    ax.margins(y=0.15)
+    ax.set_title(f"{groups[0]['trials']} trials per group (lr x momentum x seed), {cfg['steps']} steps "
+                 f"of batch {cfg['batch_size']}", fontsize=9)
+    ax.legend(fontsize=7)
+    for i, g in zip(x, groups):
+        acc = g["val_accuracy"]
+        ax2.plot([i + 0.25 * (k / max(len(acc) - 1, 1) - 0.5) for k in range(len(acc))], acc, "o",
+                 color="C2", alpha=0.6, label="trial" if i == 0 else None)
+        b = g["best"]
+        ax2.plot(i, b["val_accuracy"], "*", ms=14, color="C3", label="best of group" if i == 0 else None)
+        ax2.annotate(f"lr {b['lr']:g}, mom {b['momentum']:g}\nseed {b['seed']}: {b['val_accuracy']:.3f}",
+                     (i, b["val_accuracy"]), textcoords="offset points", xytext=(10, -3), ha="left", va="top",
+                     fontsize=7)
+    ax2.set_xticks(x, names)
+    ax2.set_xlim(-0.6, len(groups) - 0.4)
+    ax2.set_ylabel("validation accuracy after training")
+    ax2.set_title(f"{cfg['dataset']}, {cfg['val_size']} validation examples", fontsize=9)
+    ax2.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"hparam search: vmapped trial axis over {cfg.get('devices_used', env.get('device_count', '?'))} "
+                 f"{env.get('device_kind', '?')} device(s), {env.get('cpu_cores', '?')} CPU cores; jax "
+                 f"{env.get('jax', '?')}", fontsize=10)
+    fig.tight_layout()
     path = out / "hparam_speedup.png"
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
