@@ -29,6 +29,7 @@ import numpy as np
 from jaxpar import results
 from jaxpar.config import ConfigError
 
+LOGGED_STEPS = 20  # loss curves kept in the JSON per trial (all steps are compared)
 QUICK = {"dataset": "synthetic", "lrs": "0.03,0.1", "momenta": "0.0,0.9", "seeds": "0,1",
          "widths": "32", "depths": "1,2", "steps": 10, "batch_size": 32, "val_size": 1000}
 
@@ -220,6 +221,7 @@ def run(args: argparse.Namespace) -> list[Path]:
     print(f"{len(trials)} trials (seed x lr x momentum) per group, {len(shapes)} (width, depth) groups, "
           f"{args.steps} steps of batch {args.batch_size} on {args.dataset} ({n_train} train / "
           f"{args.val_size} validation); vmapped trial axis over {n_dev} device(s)", flush=True)
+    logged = sorted({1} | {max(1, round(k * args.steps / LOGGED_STEPS)) for k in range(1, LOGGED_STEPS + 1)})
     groups = []
     for width, depth in shapes:
         par = search(trials, width, depth, batches, val, mesh, vmapped=True)
@@ -234,7 +236,9 @@ def run(args: argparse.Namespace) -> list[Path]:
              "max_val_accuracy_diff": float(np.abs(par["val_accuracy"] - seq["val_accuracy"]).max()),
              "best": _best(trials, par["val_accuracy"], par["val_loss"]),
              "val_accuracy": par["val_accuracy"].tolist(), "val_loss": par["val_loss"].tolist(),
-             "losses_vmapped": par["losses"].tolist(), "losses_sequential": seq["losses"].tolist()}
+             "loss_steps": logged,  # step k's loss is the loss of the batch before update k
+             "losses_vmapped": par["losses"][:, np.array(logged) - 1].tolist(),
+             "losses_sequential": seq["losses"][:, np.array(logged) - 1].tolist()}
         groups.append(g)
         b = g["best"]
         print(f"width {width} depth {depth}: vmapped {g['vmapped_s']:.2f} s (+{g['vmapped_compile_s']:.2f} s "

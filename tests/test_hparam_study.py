@@ -18,7 +18,7 @@ def test_vmapped_search_equals_trials_one_by_one(tmp_path):
     trials = result["config"]["trial_list"]
     for g in groups:
         par, seq = np.array(g["losses_vmapped"]), np.array(g["losses_sequential"])
-        assert par.shape == seq.shape == (len(trials), 10)
+        assert par.shape == seq.shape == (len(trials), 10) and g["loss_steps"] == list(range(1, 11))
         np.testing.assert_allclose(par, seq, rtol=1e-5, atol=1e-6)
         assert g["max_val_accuracy_diff"] == 0.0
         acc = g["val_accuracy"]
