@@ -142,6 +142,20 @@ def hparam_speedup(result: dict, out: Path) -> Path:
     return path
 
 
+def _study_result(path: Path, kind: str) -> dict:
+    """A study's RunResult as a dict; a file from before the study wrote RunResults (no
+    schema_version) is refused with the command that replaces it."""
+    from jaxpar.results import ResultsError, load
+
+    try:
+        result = load(path)
+    except ResultsError as e:
+        raise ResultsError(f"{path}: {e} (`python -m experiments {kind} --out {path.parent}`)") from None
+    if result.kind != kind:
+        raise ResultsError(f"{path} holds a {result.kind!r} result, not {kind!r}")
+    return {"config": result.config, "env": result.env, "metrics": result.metrics}
+
+
 def redraw(data_dir: str | Path, out_dir: str | Path) -> list[Path]:
     """Redraw every figure whose results are under data_dir; return the PNG paths."""
     data_dir, out = Path(data_dir), Path(out_dir)
@@ -149,14 +163,14 @@ def redraw(data_dir: str | Path, out_dir: str | Path) -> list[Path]:
     paths = []
     pipe = data_dir / "pipeline" / "pipeline.json"
     if pipe.exists():
-        data = json.loads(pipe.read_text())
+        data = _study_result(pipe, "pipeline")
         paths += [pipeline_bubble(data, out), pipeline_schedule(data, out)]
     bs = data_dir / "batch_size" / "result.json"
     if bs.exists():
         paths.append(batch_size(json.loads(bs.read_text()), out))
     hp = data_dir / "hparam" / "hparam.json"
     if hp.exists():
-        paths.append(hparam_speedup(json.loads(hp.read_text()), out))
+        paths.append(hparam_speedup(_study_result(hp, "hparam"), out))
     if (data_dir / "scaling").is_dir():
         from jaxpar.speedup import load_points
 
