@@ -20,7 +20,7 @@ def test_vmapped_search_equals_trials_one_by_one(tmp_path):
         par, seq = np.array(g["losses_vmapped"]), np.array(g["losses_sequential"])
         assert par.shape == seq.shape == (len(trials), 10) and g["loss_steps"] == list(range(1, 11))
         np.testing.assert_allclose(par, seq, rtol=1e-5, atol=1e-6)
-        assert g["max_val_accuracy_diff"] == 0.0
+        assert g["max_val_accuracy_diff"] == 0.0 and g["best_sequential"]["trial"] == g["best"]["trial"]
         acc = g["val_accuracy"]
         best = g["best"]
         assert best["val_accuracy"] == max(acc) and trials[best["trial"]] == [best["seed"], best["lr"], best["momentum"]]
