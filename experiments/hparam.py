@@ -188,6 +188,16 @@ def _best(trials, val_accuracy, val_loss) -> dict:
             "val_accuracy": float(val_accuracy[i]), "val_loss": float(val_loss[i])}
 
 
+def _best_over_seeds(trials, val_accuracy) -> dict:
+    """The (lr, momentum) with the highest validation accuracy averaged over the seeds: a
+    ranking less at the mercy of one initialisation (or of rounding) than the single best trial."""
+    by = {}
+    for (_, lr, momentum), acc in zip(trials, val_accuracy):
+        by.setdefault((lr, momentum), []).append(float(acc) if np.isfinite(acc) else 0.0)
+    (lr, momentum), accs = max(by.items(), key=lambda kv: np.mean(kv[1]))
+    return {"lr": lr, "momentum": momentum, "mean_val_accuracy": float(np.mean(accs)), "seeds": len(accs)}
+
+
 def _data(args):
     """(host training batches, host validation batches): the same for every trial."""
     from jaxpar import data as datalib
@@ -239,6 +249,8 @@ def run(args: argparse.Namespace) -> list[Path]:
              "max_val_accuracy_diff": float(np.abs(par["val_accuracy"] - seq["val_accuracy"]).max()),
              "best": _best(trials, par["val_accuracy"], par["val_loss"]),
              "best_sequential": _best(trials, seq["val_accuracy"], seq["val_loss"]),
+             "best_over_seeds": _best_over_seeds(trials, par["val_accuracy"]),
+             "best_over_seeds_sequential": _best_over_seeds(trials, seq["val_accuracy"]),
              "val_accuracy": par["val_accuracy"].tolist(), "val_loss": par["val_loss"].tolist(),
              "val_accuracy_sequential": seq["val_accuracy"].tolist(),
              "loss_steps": logged,  # step k's loss is the loss of the batch before update k
@@ -253,6 +265,10 @@ def run(args: argparse.Namespace) -> list[Path]:
               f"speed-up {g['speedup']:.2f}x; best lr {b['lr']:g} momentum {b['momentum']:g} seed "
               f"{b['seed']}: val accuracy {b['val_accuracy']:.4f}{other}; largest loss difference "
               f"{g['max_loss_diff']:.1e}", flush=True)
+        m, m_seq = g["best_over_seeds"], g["best_over_seeds_sequential"]
+        print(f"  best (lr, momentum) over {m['seeds']} seeds: ({m['lr']:g}, {m['momentum']:g}) mean val "
+              f"accuracy {m['mean_val_accuracy']:.4f}; one by one: ({m_seq['lr']:g}, {m_seq['momentum']:g}) "
+              f"{m_seq['mean_val_accuracy']:.4f}", flush=True)
     top = max(groups, key=lambda g: g["best"]["val_accuracy"])
     best = {"width": top["width"], "depth": top["depth"], **top["best"]}
     print(f"best overall: width {best['width']} depth {best['depth']} lr {best['lr']:g} momentum "

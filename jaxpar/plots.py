@@ -120,12 +120,14 @@ def hparam_speedup(result: dict, out: Path) -> Path:
     ax.legend(fontsize=7)
     for i, g in zip(x, groups):
         acc = g["val_accuracy"]
-        ax2.plot([i + 0.25 * (k / max(len(acc) - 1, 1) - 0.5) for k in range(len(acc))], acc, "o",
-                 color="C2", alpha=0.6, label="trial" if i == 0 else None)
+        xs = [i + 0.25 * (k / max(len(acc) - 1, 1) - 0.5) for k in range(len(acc))]
+        ax2.plot(xs, acc, "o", color="C2", alpha=0.6, label="trial (vmapped)" if i == 0 else None)
+        ax2.plot(xs, g["val_accuracy_sequential"], "o", mfc="none", color="k", ms=8, mew=0.6,
+                 label="same trial, one by one" if i == 0 else None)
         b = g["best"]
         ax2.plot(i, b["val_accuracy"], "*", ms=14, color="C3", label="best of group" if i == 0 else None)
         ax2.annotate(f"lr {b['lr']:g}, mom {b['momentum']:g}\nseed {b['seed']}: {b['val_accuracy']:.3f}",
-                     (i, b["val_accuracy"]), textcoords="offset points", xytext=(10, -3), ha="left", va="top",
+                     (i, b["val_accuracy"]), textcoords="offset points", xytext=(12, -6), ha="left", va="top",
                      fontsize=7)
     ax2.set_xticks(x, names)
     ax2.set_xlim(-0.6, len(groups) - 0.4)

@@ -24,6 +24,8 @@ def test_vmapped_search_equals_trials_one_by_one(tmp_path):
         acc = g["val_accuracy"]
         best = g["best"]
         assert best["val_accuracy"] == max(acc) and trials[best["trial"]] == [best["seed"], best["lr"], best["momentum"]]
+        m = g["best_over_seeds"]
+        assert m["seeds"] == 2 and m == g["best_over_seeds_sequential"]
         assert g["vmapped_s"] > 0 and g["sequential_s"] > 0 and g["vmapped_compile_s"] > 0
     overall = result["metrics"]["best"]
     assert overall["val_accuracy"] == max(g["best"]["val_accuracy"] for g in groups)
