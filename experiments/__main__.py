@@ -33,10 +33,12 @@ COMMANDS = {
     "scaling": {"help": "data-parallel strategies over device counts (or MPI ranks: --ranks), "
                         "strong and weak scaling (one bench process per point); writes OUT/summary.md",
                 "config": False, "extra": "scaling"},
-    "pipeline": {"help": "pipeline bubble and activation memory vs micro-batches, GPipe vs 1F1B "
-                         "(from the schedule tables); writes OUT/pipeline.json",
+    "pipeline": {"help": "pipeline bubble (schedule tables), throughput and memory per device "
+                         "(one bench process per point) vs micro-batches, GPipe vs 1F1B; writes "
+                         "OUT/pipeline.json",
                  "config": False, "extra": "pipeline"},
-    "hparam": {"help": "lr/momentum/seed search as vmapped trials vs one by one; writes OUT/hparam.json",
+    "hparam": {"help": "lr/momentum/seed search as vmapped trials (sharded over --devices) vs one "
+                       "by one, best by validation accuracy; writes OUT/hparam.json",
                "config": False, "extra": "hparam"},
     "batch-size": {"help": "steps to a target validation error vs batch size (Shallue et al. 2018), "
                            "lr x momentum grid as vmapped trials; writes OUT/result.json",

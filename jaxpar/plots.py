@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib
@@ -14,38 +13,58 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def pipeline_bubble(data: dict, out: Path) -> Path:
-    """Bubble fraction and peak in-flight micro-batches vs M, GPipe vs 1F1B, theory line.
+def pipeline_bubble(result: dict, out: Path) -> Path:
+    """2x2 panels vs micro-batches M, GPipe vs 1F1B: bubble fraction from the schedule with the
+    (S-1)/(M+S-1) line; measured images/s; peak micro-batches in flight; measured temporary
+    memory per device (XLA's memory analysis of the compiled step).
 
     Args:
-        data: the dict written by experiments/pipeline_study.py.
+        result: the RunResult dict written by experiments/pipeline_study.py (pipeline.json).
         out: folder for pipeline_bubble.png.
     Returns:
         the PNG path.
     """
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    data, cfg = result["metrics"], result["config"]
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7.5))
+    (bub, tput), (flight, mem) = axes
     for name, mark in (("gpipe", "o"), ("1f1b", "x")):
         rows = [r for r in data["rows"] if r["schedule"] == name]
         ms = [r["M"] for r in rows]
-        ax.plot(ms, [r["bubble"] for r in rows], mark, label=f"{name} (schedule)")
-        ax2.plot(ms, [r["peak_in_flight"] for r in rows], mark + "-", label=name)
+        bub.plot(ms, [r["bubble"] for r in rows], mark, ms=8, label=f"{name} (schedule)")
+        flight.plot(ms, [r["peak_in_flight"] for r in rows], mark + "-", label=name)
+        timed = [r for r in rows if r.get("images_per_sec")]
+        tput.plot([r["M"] for r in timed], [r["images_per_sec"] for r in timed], mark + "-", label=name)
+        mem.plot([r["M"] for r in timed], [r["temp_bytes"] / 2 ** 20 for r in timed], mark + "-", label=name)
     theory = [r for r in data["rows"] if r["schedule"] == "gpipe"]
-    ax.plot([r["M"] for r in theory], [r["theory"] for r in theory], "k--", label="(S-1)/(M+S-1)")
-    for a in (ax, ax2):
+    bub.plot([r["M"] for r in theory], [r["theory"] for r in theory], "k--", label="(S-1)/(M+S-1)")
+    bub.set_ylabel("bubble fraction (idle stage-slots)")
+    tput.set_ylabel("images/s (measured)")
+    flight.set_ylabel("peak micro-batches in flight per stage")
+    mem.set_ylabel("temp memory per device (MiB, measured)")
+    ms_all = sorted({r["M"] for r in data["rows"]})
+    for a in axes.flat:
         a.set_xscale("log", base=2)
+        a.set_xticks(ms_all, [str(m) for m in ms_all])
+        a.set_xlim(ms_all[0] / 1.3, ms_all[-1] * 1.3)
         a.set_xlabel("micro-batches M")
-        a.legend()
-    ax.set_ylabel("bubble fraction")
-    ax2.set_ylabel("peak micro-batches in flight (activation memory)")
-    fig.suptitle(f"Pipeline, S={data['stages']} stages (throughput: not measured)")
+        a.legend(fontsize=8)
+    for a in (tput, mem):
+        if not any(r.get("images_per_sec") for r in data["rows"]):
+            a.text(0.5, 0.5, "not measured (--no-measure)", ha="center", transform=a.transAxes)
+    env = data.get("point_env") or result.get("env", {})
+    fig.suptitle(f"Pipeline, S={data['stages']} stages on {data['stages']} simulated CPU devices sharing "
+                 f"{env.get('cpu_cores', '?')} cores; stack-mlp width {cfg.get('width')} x "
+                 f"{cfg.get('depth')} blocks, batch {cfg.get('batch_size')}", fontsize=10)
+    fig.tight_layout()
     path = out / "pipeline_bubble.png"
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
-def pipeline_schedule(data: dict, out: Path) -> Path:
+def pipeline_schedule(result: dict, out: Path) -> Path:
     """GPipe-paper-style picture: devices as rows, F/B micro-batch blocks over time."""
+    data = result["metrics"]
     names = list(data["tables"])
     fig, axes = plt.subplots(len(names), 1, figsize=(12, 1.2 + 0.5 * data["stages"] * len(names)))
     for ax, name in zip(axes, names):
@@ -70,22 +89,54 @@ def pipeline_schedule(data: dict, out: Path) -> Path:
     return path
 
 
-def hparam_speedup(data: dict, out: Path) -> Path:
-    """Wall time of the search, vmapped trials vs one by one, per width group."""
-    groups = data["groups"]
-    x = range(len(groups))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.bar([i - 0.2 for i in x], [g["sequential_s"] for g in groups], 0.4, label="one by one")
-    ax.bar([i + 0.2 for i in x], [g["vmapped_s"] for g in groups], 0.4, label="vmapped trials")
+def hparam_speedup(result: dict, out: Path) -> Path:
+    """Left: training wall time of the search (compilation excluded, drawn on top, hatched),
+    one trial after another vs vmapped trials, per (width, depth) group, with the speed-up.
+    Right: every trial's validation accuracy per group, the best one starred.
+
+    Args:
+        result: the RunResult dict written by experiments/hparam.py (hparam.json).
+        out: folder for hparam_speedup.png.
+    """
+    cfg, env, groups = result["config"], result["env"], result["metrics"]["groups"]
+    x = list(range(len(groups)))
+    names = [f"width {g['width']}\ndepth {g['depth']}" for g in groups]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for dx, kind, label, color in ((-0.2, "sequential", "one by one", "C0"), (0.2, "vmapped", "vmapped trials", "C1")):
+        run = [g[f"{kind}_s"] for g in groups]
+        comp = [g[f"{kind}_compile_s"] for g in groups]
+        ax.bar([i + dx for i in x], run, 0.4, color=color, label=f"{label} (training)")
+        ax.bar([i + dx for i in x], comp, 0.4, bottom=run, color=color, alpha=0.35, hatch="//",
+               label=f"{label} (compilation)")
     for i, g in zip(x, groups):
-        ax.text(i, max(g["sequential_s"], g["vmapped_s"]), f"{g['speedup']:.2f}x", ha="center", va="bottom")
-    ax.set_xticks(list(x))
-    ax.set_xticklabels([f"MLP width {g['width']}\n{len(g['trials'])} trials" for g in groups])
+        top = max(g["sequential_s"] + g["sequential_compile_s"], g["vmapped_s"] + g["vmapped_compile_s"])
+        ax.text(i, top, f"{g['speedup']:.1f}x\n(training)", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, names)
     ax.set_ylabel("wall time (s)")
-    env = data.get("env", {})
-    ax.set_title(f"hparam search, {data['steps']} steps; {env.get('cpu_cores', '?')} cores, "
-                 f"{env.get('device_count', '?')} device(s)")
-    ax.legend()
+    ax.margins(y=0.15)
+    ax.set_title(f"{groups[0]['trials']} trials per group (lr x momentum x seed), {cfg['steps']} steps "
+                 f"of batch {cfg['batch_size']}", fontsize=9)
+    ax.legend(fontsize=7)
+    for i, g in zip(x, groups):
+        acc = g["val_accuracy"]
+        xs = [i + 0.25 * (k / max(len(acc) - 1, 1) - 0.5) for k in range(len(acc))]
+        ax2.plot(xs, acc, "o", color="C2", alpha=0.6, label="trial (vmapped)" if i == 0 else None)
+        ax2.plot(xs, g["val_accuracy_sequential"], "o", mfc="none", color="k", ms=8, mew=0.6,
+                 label="same trial, one by one" if i == 0 else None)
+        b = g["best"]
+        ax2.plot(i, b["val_accuracy"], "*", ms=14, color="C3", label="best of group" if i == 0 else None)
+        ax2.annotate(f"lr {b['lr']:g}, mom {b['momentum']:g}\nseed {b['seed']}: {b['val_accuracy']:.3f}",
+                     (i, b["val_accuracy"]), textcoords="offset points", xytext=(12, -6), ha="left", va="top",
+                     fontsize=7)
+    ax2.set_xticks(x, names)
+    ax2.set_xlim(-0.6, len(groups) - 0.4)
+    ax2.set_ylabel("validation accuracy after training")
+    ax2.set_title(f"{cfg['dataset']}, {cfg['val_size']} validation examples", fontsize=9)
+    ax2.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"hparam search: vmapped trial axis over {cfg.get('devices_used', env.get('device_count', '?'))} "
+                 f"{env.get('device_kind', '?')} device(s), {env.get('cpu_cores', '?')} CPU cores; jax "
+                 f"{env.get('jax', '?')}", fontsize=10)
+    fig.tight_layout()
     path = out / "hparam_speedup.png"
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -147,6 +198,20 @@ def strategies_bars(data: dict, out: Path) -> Path:
     return path
 
 
+def _study_result(path: Path, kind: str) -> dict:
+    """A study's RunResult as a dict; a file from before the study wrote RunResults (no
+    schema_version) is refused with the command that replaces it."""
+    from jaxpar.results import ResultsError, load
+
+    try:
+        result = load(path)
+    except ResultsError as e:
+        raise ResultsError(f"{path}: {e} (`python -m experiments {kind} --out {path.parent}`)") from None
+    if result.kind != kind:
+        raise ResultsError(f"{path} holds a {result.kind!r} result, not {kind!r}")
+    return {"config": result.config, "env": result.env, "metrics": result.metrics}
+
+
 def redraw(data_dir: str | Path, out_dir: str | Path) -> list[Path]:
     """Redraw every figure whose results are under data_dir; return the PNG paths."""
     data_dir, out = Path(data_dir), Path(out_dir)
@@ -154,20 +219,20 @@ def redraw(data_dir: str | Path, out_dir: str | Path) -> list[Path]:
     paths = []
     pipe = data_dir / "pipeline" / "pipeline.json"
     if pipe.exists():
-        data = json.loads(pipe.read_text())
+        data = _study_result(pipe, "pipeline")
         paths += [pipeline_bubble(data, out), pipeline_schedule(data, out)]
     bs = data_dir / "batch_size" / "result.json"
     if bs.exists():
-        paths.append(batch_size(json.loads(bs.read_text()), out))
+        paths.append(batch_size(_study_result(bs, "batch-size"), out))
     hp = data_dir / "hparam" / "hparam.json"
     if hp.exists():
-        paths.append(hparam_speedup(json.loads(hp.read_text()), out))
+        paths.append(hparam_speedup(_study_result(hp, "hparam"), out))
     st = data_dir / "strategies" / "strategies.json"
     if st.exists():
-        paths.append(strategies_bars(json.loads(st.read_text()), out))
+        paths.append(strategies_bars(_study_result(st, "strategies"), out))
     tta = data_dir / "time_to_accuracy" / "time_to_accuracy.json"
     if tta.exists():
-        paths.append(time_to_accuracy(json.loads(tta.read_text()), out))
+        paths.append(time_to_accuracy(_study_result(tta, "time-to-accuracy"), out))
     if (data_dir / "scaling").is_dir():
         from jaxpar.speedup import load_points
 

@@ -1,0 +1,47 @@
+"""The pipeline study in its quick mode: schedule bubble equals theory, measured points exist,
+1F1B holds fewer micro-batches than GPipe, and the figures redraw from the JSON alone."""
+
+import json
+import shutil
+
+from experiments.__main__ import run
+
+
+def test_quick_study_measures_points_and_matches_theory(tmp_path):
+    out = tmp_path / "data" / "pipeline"
+    assert run(["pipeline", "--quick", "--out", str(out)]) == 0
+    result = json.loads((out / "pipeline.json").read_text())
+    assert result["config"]["stages"] == 2 and "cpu_cores" in result["env"]
+    rows, S = result["metrics"]["rows"], result["metrics"]["stages"]
+    for r in rows:  # fill-drain and 1F1B idle the same share of slots: GPipe's formula
+        assert abs(r["bubble"] - (S - 1) / (r["M"] + S - 1)) < 1e-12, r
+    measured = [r for r in rows if r["images_per_sec"] is not None]
+    assert {r["schedule"] for r in measured} == {"gpipe", "1f1b"}
+    for r in measured:
+        assert r["images_per_sec"] > 0 and r["step_ms"] > 0 and r["temp_bytes"] > 0, r
+        assert (out / r["point"] / "result.json").exists()
+    peak = {(r["schedule"], r["M"]): r["peak_in_flight"] for r in rows}
+    top = max(r["M"] for r in rows)
+    assert all(peak["1f1b", m] <= peak["gpipe", m] for _, m in peak)
+    assert peak["1f1b", top] == S < peak["gpipe", top] == top
+
+    # Resumed: the points are read back, not measured again.
+    assert run(["pipeline", "--quick", "--out", str(out)]) == 0
+    again = json.loads((out / "pipeline.json").read_text())["metrics"]["rows"]
+    assert [r["images_per_sec"] for r in again] == [r["images_per_sec"] for r in rows]
+
+    # Figures from pipeline.json alone (no point folders).
+    alone = tmp_path / "alone" / "pipeline"
+    alone.mkdir(parents=True)
+    shutil.copy(out / "pipeline.json", alone)
+    assert run(["figures", "--data", str(tmp_path / "alone"), "--out", str(tmp_path / "png")]) == 0
+    for name in ("pipeline_bubble.png", "pipeline_schedule.png"):
+        assert (tmp_path / "png" / name).stat().st_size > 0
+
+
+def test_bad_options_exit_2_with_the_fix(tmp_path, capsys):
+    assert run(["pipeline", "--stages", "3", "--depth", "8", "--out", str(tmp_path)]) == 2
+    assert "multiple of 3" in capsys.readouterr().err
+    assert run(["pipeline", "--batch-size", "100", "--out", str(tmp_path)]) == 2
+    assert "multiple of the largest" in capsys.readouterr().err
+    assert not (tmp_path / "pipeline.json").exists()
