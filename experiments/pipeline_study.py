@@ -97,20 +97,11 @@ def schedule_rows(stages: int, microbatch_counts: list[int]) -> tuple[list[dict]
     return rows, tables
 
 
-def _skip_matmul_peak() -> list[str]:
-    """`--no-matmul-peak` where this bench has it: the study does not use bench's matmul peak,
-    which costs seconds a point (an n=2048 matmul on every simulated device)."""
-    from experiments import __main__ as cli
-    from experiments.cli import build_parser
-
-    _, unknown = build_parser(cli.COMMANDS).parse_known_args(["bench", "--no-matmul-peak"])
-    return [] if unknown else ["--no-matmul-peak"]
-
-
 def bench_flags(cfg: dict, schedule: str, m: int) -> list[str]:
     """The `bench` flags of one point: pipeline strategy on S simulated devices."""
     S = cfg["stages"]
-    return [*_skip_matmul_peak(), "--model", "stack-mlp", "--width", str(cfg["width"]), "--depth", str(cfg["depth"]),
+    # --no-matmul-peak: the study does not use it, and it costs seconds a point.
+    return ["--no-matmul-peak", "--model", "stack-mlp", "--width", str(cfg["width"]), "--depth", str(cfg["depth"]),
             "--strategy", "pipeline", "--devices", str(S), "--mesh", f"stage={S}",
             "--microbatches", str(m), "--schedule", schedule, "--batch-size", str(cfg["batch_size"]),
             "--iters", str(cfg["iters"]), "--warmup", str(cfg["warmup"])]

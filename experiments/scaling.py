@@ -106,7 +106,7 @@ def bench_command(point: Point, batch: int, iters: int, extra: list[str]) -> lis
     """The `bench` command line of one point (under mpiexec for a multi-rank point)."""
     bench = [sys.executable, "-m", "experiments", "bench", "--model", point.model,
              "--strategy", point.strategy, "--devices", str(point.devices), "--batch-size",
-             str(batch), "--iters", str(iters), *extra]
+             str(batch), "--iters", str(iters), "--no-matmul-peak", *extra]
     return bench if point.ranks is None else rank_scaling.command(point.ranks, bench)
 
 
