@@ -13,6 +13,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def _save(fig, path: Path, tight_layout: bool = True) -> Path:
+    """Write `fig` to `path` as PNG (the one resolution every figure shares) and free it."""
+    if tight_layout:
+        fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 def pipeline_bubble(result: dict, out: Path) -> Path:
     """2x2 panels vs micro-batches M, GPipe vs 1F1B: bubble fraction from the schedule with the
     (S-1)/(M+S-1) line; measured images/s; peak micro-batches in flight; measured temporary
@@ -55,11 +64,7 @@ def pipeline_bubble(result: dict, out: Path) -> Path:
     fig.suptitle(f"Pipeline, S={data['stages']} stages on {data['stages']} simulated CPU devices sharing "
                  f"{env.get('cpu_cores', '?')} cores; stack-mlp width {cfg.get('width')} x "
                  f"{cfg.get('depth')} blocks, batch {cfg.get('batch_size')}", fontsize=10)
-    fig.tight_layout()
-    path = out / "pipeline_bubble.png"
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _save(fig, out / "pipeline_bubble.png")
 
 
 def pipeline_schedule(result: dict, out: Path) -> Path:
@@ -82,11 +87,7 @@ def pipeline_schedule(result: dict, out: Path) -> Path:
         ax.set_yticklabels([f"device {s}" for s in range(data["stages"])])
         ax.set_title(f"{name}, M={data['tables'][name]['M']} (blank = bubble)")
     axes[-1].set_xlabel("time slot")
-    fig.tight_layout()
-    path = out / "pipeline_schedule.png"
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _save(fig, out / "pipeline_schedule.png")
 
 
 def hparam_speedup(result: dict, out: Path) -> Path:
@@ -136,11 +137,7 @@ def hparam_speedup(result: dict, out: Path) -> Path:
     fig.suptitle(f"hparam search: vmapped trial axis over {cfg.get('devices_used', env.get('device_count', '?'))} "
                  f"{env.get('device_kind', '?')} device(s), {env.get('cpu_cores', '?')} CPU cores; jax "
                  f"{env.get('jax', '?')}", fontsize=10)
-    fig.tight_layout()
-    path = out / "hparam_speedup.png"
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _save(fig, out / "hparam_speedup.png")
 
 
 FAMILY_COLOURS = {"reference": "#6c757d", "data parallel": "#1f77b4", "model parallel": "#ff7f0e",
@@ -191,11 +188,7 @@ def strategies_bars(data: dict, out: Path) -> Path:
                  f"{env.get('cpu_cores', '?')} CPU cores shared by the simulated devices of each "
                  f"point ({env.get('threads_per_process', '?')} XLA threads; MPI ranks: 1 each); "
                  f"jax {env.get('jax', '?')}", fontsize=9)
-    fig.tight_layout()
-    path = out / "strategies.png"
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _save(fig, out / "strategies.png")
 
 
 def _study_result(path: Path, kind: str) -> dict:
@@ -276,10 +269,7 @@ def _scaling_panels(rows: list[dict], x: str, base: str, title: str, path: Path,
         bottom.set_ylabel("efficiency (speed-up / " + x + ")")
         top.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def scaling_figures(points: list[dict], out: Path) -> list[Path]:
@@ -366,10 +356,7 @@ def batch_size(result: dict, out: Path) -> Path:
     note = f"; not reached within budget: {missed}" if missed else ""
     fig.suptitle(f"{cfg['dataset']}, {model}, momentum SGD, {len(cfg['trials'])} (lr, momentum) trials per "
                  f"batch size; {env.get('cpu_cores', '?')} CPU cores{note}", fontsize=10)
-    path = out / "batch_size.png"
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _save(fig, out / "batch_size.png", tight_layout=False)
 
 
 def time_to_accuracy(data: dict, out: Path) -> Path:
@@ -424,8 +411,4 @@ def time_to_accuracy(data: dict, out: Path) -> Path:
     fig.suptitle(f"Time to a validation-accuracy target: global batch {cfg['batch_size']}, seed "
                  f"{cfg['seed']}, validation every {cfg['eval_every']} steps; {env.get('cpu_cores', '?')} "
                  f"CPU cores shared by the simulated devices; jax {env.get('jax', '?')}", fontsize=9)
-    fig.tight_layout()
-    path = out / "time_to_accuracy.png"
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _save(fig, out / "time_to_accuracy.png")
