@@ -54,8 +54,10 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
     median_s = sorted(times)[len(times) // 2]
     devices = list(mesh.devices.flat)
     peak = profile.matmul_peak(devices)["gflops"] if matmul_peak else None
+    accounting = strategy.accounting(stats, holder["state"])
     # XLA's cost analysis of an SPMD program is per device; the step runs on all of them.
-    flops = stats["flops"] * (len(devices) if len(devices) > 1 else 1)
+    # Layer-split runs one program per stage, each on one device: their sum is the step's.
+    flops = accounting.get("flops_all_stage_programs") or stats["flops"] * len(devices)
     achieved = flops / median_s / 1e9
     metrics = {
         "step_time_ms_median": 1000 * median_s,
@@ -68,7 +70,7 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
         "matmul_peak_gflops": peak,
         "percent_of_peak": None if peak is None else 100 * achieved / peak,
         "flops_loop_bodies_once": stats["has_loops"],
-        **strategy.accounting(stats, holder["state"]),
+        **accounting,
         "iters": iters,
         "wall_s": time.perf_counter() - wall_start,
     }

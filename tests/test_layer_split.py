@@ -54,6 +54,10 @@ def test_compile_covers_every_stage_program():
     temps = [profile.program_stats(c)["memory"]["temp_bytes"]
              for name, c in s.compiled.items() if name.startswith("step:")]
     assert acc["memory_per_device"]["temp_bytes"] == max(temps)
+    # FLOPs: every stage program's, not the first one's times the devices (bench uses this)
+    assert acc["flops_all_stage_programs"] == sum(
+        profile.program_stats(c)["flops"] for name, c in s.compiled.items()
+        if name.startswith("step:") and name != "step")
     assert len(acc["memory_per_stage"]) == 2
     # stage 0's residuals, held from its forward program to its backward, count as activations
     assert acc["activation_bytes_per_device"] >= s.compiled["step:train_fwd0"].memory_analysis().output_size_in_bytes
