@@ -82,11 +82,19 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        # mkstemp makes the file owner-only; results are for sharing: the umask's usual mode.
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
 
 
 def save(result: RunResult, out_dir: str | os.PathLike) -> Path:

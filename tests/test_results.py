@@ -26,6 +26,17 @@ def test_atomic_write_leaves_no_temporary_files(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]
 
 
+def test_results_get_the_umask_mode_not_mkstemps_owner_only(tmp_path):
+    import os
+
+    old = os.umask(0o022)
+    try:
+        path = results.save(sample(), tmp_path)
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
 def test_failed_write_keeps_the_old_file(tmp_path):
     results.save(sample(), tmp_path)
     bad = sample()
