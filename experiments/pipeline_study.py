@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from experiments.points import bench_point
+from experiments.points import bench_point, reusable
 from jaxpar import results
 from jaxpar.config import ConfigError
 from jaxpar.parallel import schedules
@@ -107,24 +107,11 @@ def bench_flags(cfg: dict, schedule: str, m: int) -> list[str]:
             "--iters", str(cfg["iters"]), "--warmup", str(cfg["warmup"])]
 
 
-def _check_same_settings(point: dict, cfg: dict, schedule: str, m: int, folder: Path) -> None:
-    """A resumed point must have been measured with this study's settings."""
-    c = point["config"]
-    got = (c["model"]["width"], c["model"]["depth"], c["data"]["batch_size"], c["parallel"]["devices"],
-           c["parallel"]["microbatches"], c["parallel"]["schedule"], point["metrics"]["iters"])
-    want = (cfg["width"], cfg["depth"], cfg["batch_size"], cfg["stages"], m, schedule, cfg["iters"])
-    if got != want:
-        raise ConfigError(f"{folder} holds a point measured with other settings (width, depth, "
-                          f"batch, stages, M, schedule, iters = {got}, not {want}); use a fresh "
-                          f"--out or delete that folder")
-
-
 def measure(out: Path, cfg: dict, schedule: str, m: int) -> dict:
     """Throughput and memory of one (schedule, M) from its bench process (reused if done)."""
     folder = out / "points" / f"{schedule}-M{m}"
     point = bench_point(folder, bench_flags(cfg, schedule, m),
                         QUICK_TIMEOUT_S if cfg["quick"] else POINT_TIMEOUT_S)
-    _check_same_settings(point, cfg, schedule, m, folder)
     pm = point["metrics"]
     return {"images_per_sec": pm["images_per_sec"], "step_ms": pm["step_time_ms_median"],
             "temp_bytes": pm["memory_per_device"]["temp_bytes"],
@@ -137,6 +124,9 @@ def run(args: argparse.Namespace) -> list[Path]:
     """Tables for every M, measured points, OUT/pipeline.json; return its path."""
     cfg, counts, measured = plan(args)
     out = results.ensure_writable(args.out)  # fail before the work, not after it
+    for schedule in SCHEDULES:  # points of other settings are refused before any work
+        for m in measured:
+            reusable(out / "points" / f"{schedule}-M{m}", bench_flags(cfg, schedule, m))
     rows, tables = schedule_rows(cfg["stages"], counts)
     point_env = None
     for r in rows:

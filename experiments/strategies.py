@@ -20,7 +20,7 @@ import dataclasses
 import importlib.util
 from pathlib import Path
 
-from experiments.points import PointError, bench_point
+from experiments.points import PointError, bench_point, reusable
 from jaxpar import results
 from jaxpar.config import ConfigError
 from jaxpar.mesh import DATA, STAGE, TENSOR, parse_mesh
@@ -191,37 +191,9 @@ def bench_flags(strategy: str, config: dict) -> list[str]:
     return flags
 
 
-def _done(folder: Path) -> dict | None:
-    """The complete bench result in `folder`, or None (then bench_point measures it)."""
-    try:
-        return dataclasses.asdict(results.load(folder / results.RESULT_FILE))
-    except results.ResultsError:
-        return None
-
-
-def check_resumable(out: Path, names: list[str], config: dict) -> None:
-    """Points left by an earlier run must be the points this run asks for (checked before
-    any work, so a study is never a mix of two configurations)."""
-    for strategy in names:
-        result = _done(out / "points" / strategy)
-        if result is None:
-            continue
-        got, mpi = result["config"], _is_mpi(strategy)
-        want = {"model": config["model"], "width": config["width"], "depth": config["depth"],
-                "batch_size": config["batch_size"], "mesh": config["meshes"][strategy],
-                "devices": 1 if mpi else config["devices"], "iters": config["iters"]}
-        have = {"model": got["model"]["model"], "width": got["model"]["width"],
-                "depth": got["model"]["depth"], "batch_size": got["data"]["batch_size"],
-                "mesh": got["parallel"]["mesh"], "devices": got["parallel"]["devices"],
-                "iters": result["metrics"]["iters"]}
-        if strategy in ("pipeline", "hybrid"):
-            want["microbatches"], have["microbatches"] = config["microbatches"], got["parallel"]["microbatches"]
-        if mpi:
-            want["ranks"], have["ranks"] = config["devices"], result["env"].get("mpi_ranks")
-        if have != want:
-            diff = ", ".join(f"{k} {have[k]} (asked {want[k]})" for k in want if have[k] != want[k])
-            raise ConfigError(f"{out / 'points' / strategy} holds a {strategy} result of another "
-                              f"configuration ({diff}); pass a fresh --out or delete that folder")
+def _ranks(strategy: str, config: dict) -> int | None:
+    """An MPI strategy's rank count (one device each); None for a single-process strategy."""
+    return config["devices"] if _is_mpi(strategy) else None
 
 
 def row(strategy: str, result: dict) -> dict:
@@ -260,8 +232,9 @@ def run(args: argparse.Namespace) -> list[Path] | None:
     Returns their paths, or None when a point failed (the others are still written)."""
     names, skipped, config = plan(args)
     out = results.ensure_writable(args.out)
-    check_resumable(out, names, config)
-    done = [s for s in names if _done(out / "points" / s) is not None]
+    # Points left by an earlier run: reused when measured with these settings, refused
+    # (ConfigError) when not, all before any work.
+    done = [s for s in names if reusable(out / "points" / s, bench_flags(s, config), _ranks(s, config))]
     if done:
         print(f"{len(done)} of {len(names)} points already done in {out}; running the rest")
     timeout = QUICK_TIMEOUT_S if args.quick else POINT_TIMEOUT_S
@@ -272,8 +245,7 @@ def run(args: argparse.Namespace) -> list[Path] | None:
         where = f"{config['devices']} ranks" if mpi else f"mesh {config['meshes'][strategy] or 'one device'}"
         print(f"{strategy:16} {where}", flush=True)
         try:
-            result = bench_point(folder, bench_flags(strategy, config), timeout,
-                                 ranks=config["devices"] if mpi else None)
+            result = bench_point(folder, bench_flags(strategy, config), timeout, _ranks(strategy, config))
         except PointError as e:
             print(f"  failed: {e}", flush=True)
             failed[strategy] = str(e)[-2000:]

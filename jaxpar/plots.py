@@ -210,22 +210,16 @@ def redraw(data_dir: str | Path, out_dir: str | Path) -> list[Path]:
     data_dir, out = Path(data_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    pipe = data_dir / "pipeline" / "pipeline.json"
-    if pipe.exists():
-        data = _study_result(pipe, "pipeline")
-        paths += [pipeline_bubble(data, out), pipeline_schedule(data, out)]
-    bs = data_dir / "batch_size" / "result.json"
-    if bs.exists():
-        paths.append(batch_size(_study_result(bs, "batch-size"), out))
-    hp = data_dir / "hparam" / "hparam.json"
-    if hp.exists():
-        paths.append(hparam_speedup(_study_result(hp, "hparam"), out))
-    st = data_dir / "strategies" / "strategies.json"
-    if st.exists():
-        paths.append(strategies_bars(_study_result(st, "strategies"), out))
-    tta = data_dir / "time_to_accuracy" / "time_to_accuracy.json"
-    if tta.exists():
-        paths.append(time_to_accuracy(_study_result(tta, "time-to-accuracy"), out))
+    # (results file under data_dir, its study, the figures drawn from it)
+    studies = (("pipeline/pipeline.json", "pipeline", (pipeline_bubble, pipeline_schedule)),
+               ("batch_size/result.json", "batch-size", (batch_size,)),
+               ("hparam/hparam.json", "hparam", (hparam_speedup,)),
+               ("strategies/strategies.json", "strategies", (strategies_bars,)),
+               ("time_to_accuracy/time_to_accuracy.json", "time-to-accuracy", (time_to_accuracy,)))
+    for file, kind, draws in studies:
+        if (data_dir / file).exists():
+            data = _study_result(data_dir / file, kind)
+            paths += [draw(data, out) for draw in draws]
     if (data_dir / "scaling").is_dir():
         from jaxpar.speedup import load_points
 

@@ -45,6 +45,16 @@ def test_quick_study_resumes_without_rerunning_points(quick, capsys):
     assert {f: f.stat().st_mtime_ns for f in files} == before
 
 
+def test_points_of_other_settings_are_refused_before_any_work(quick, capsys):
+    out, _ = quick
+    files = sorted((out / "points").rglob("result.json"))
+    before = {f: f.stat().st_mtime_ns for f in files}
+    assert run(["strategies", "--quick", "--batch-size", "64", "--out", str(out)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "other settings" in err and "data.batch_size 128 (asked 64)" in err and "fresh --out" in err
+    assert {f: f.stat().st_mtime_ns for f in files} == before
+
+
 def test_figure_redraws_from_the_json_alone(quick, tmp_path):
     out, _ = quick
     data = tmp_path / "data" / "strategies"
