@@ -55,9 +55,7 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
     devices = list(mesh.devices.flat)
     peak = profile.matmul_peak(devices)["gflops"] if matmul_peak else None
     accounting = strategy.accounting(stats, holder["state"])
-    # XLA's cost analysis of an SPMD program is per device; the step runs on all of them.
-    # Layer-split runs one program per stage, each on one device: their sum is the step's.
-    flops = accounting.get("flops_all_stage_programs") or stats["flops"] * len(devices)
+    flops = profile.step_flops(stats["flops"], accounting, len(devices))
     achieved = flops / median_s / 1e9
     metrics = {
         "step_time_ms_median": 1000 * median_s,

@@ -224,6 +224,18 @@ def state_bytes_per_device(state) -> int:
     return int(max(per_device.values(), default=0) + host)
 
 
+def step_flops(program_flops: float, accounting: dict[str, Any], devices: int) -> float:
+    """FLOPs of one whole training step on every device together, from XLA's cost analysis.
+
+    Args:
+      program_flops: `program_stats(compiled)["flops"]` of the step program; for an SPMD
+        program that is one device's share, and the step runs on all `devices`.
+      accounting: `strategy.accounting(...)`; layer-split runs one program per stage, each on
+        one device, and reports their sum as `flops_all_stage_programs`.
+    """
+    return accounting.get("flops_all_stage_programs") or program_flops * devices
+
+
 def max_memory(stats: list[dict[str, Any]]) -> dict[str, int]:
     """Field-wise maximum of several programs' `program_stats(...)["memory"]`: the memory per
     device of a strategy that runs several programs (each on its own device or one at a time)."""

@@ -252,7 +252,7 @@ def fit(config: TrainConfig, console=None) -> Outcome:
         "images_per_sec": batch_size / median_s,
         "train_s": train_s,
         "wall_s": time.perf_counter() - wall_start,
-        "flops_per_step": stats["flops"],
+        "flops_per_step": profile.step_flops(stats["flops"], accounting, mesh.devices.size),
         **accounting,
     }
     if config.target_accuracy is not None:

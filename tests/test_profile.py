@@ -62,3 +62,10 @@ def test_state_bytes_per_device_is_the_fullest_devices():
     assert profile.state_bytes_per_device(state) == 400 + 32  # not the 632 B summed over devices
     replicated = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P()))
     assert profile.state_bytes_per_device(state.replace(params=(replicated, sharded))) == 128 + 32
+
+
+def test_step_flops_count_every_device_or_every_stage_program():
+    # an SPMD program's cost analysis is one device's share: the step runs it on all of them
+    assert profile.step_flops(10.0, {}, 4) == 40.0
+    # layer-split: one program per stage, each on one device, summed by its accounting
+    assert profile.step_flops(10.0, {"flops_all_stage_programs": 25.0}, 4) == 25.0
