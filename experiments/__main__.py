@@ -8,28 +8,26 @@ the work lives in importable functions (`jaxpar.train.train`, `jaxpar.bench.benc
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 from experiments import (batch_size, figures, hparam, pipeline_study, scaling, strategies,
                          time_to_accuracy)
-from experiments.cli import build_parser, config_from_args
-
-
-def _bench_flags(p):
-    p.add_argument("--iters", type=int, default=20, help="timed steps (default: 20)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
-    p.add_argument("--matmul-peak", default=True, action=argparse.BooleanOptionalAction,
-                   help="also measure a matmul peak to compare achieved FLOP/s with (seconds on a "
-                        "CPU; studies comparing strategies pass --no-matmul-peak) (default: on)")
+from experiments.cli import BENCH, build_parser, config_from_args
+from jaxpar import data, distributed, results
+from jaxpar.bench import benchmark, report
+from jaxpar.checkpoint import Interrupted
+from jaxpar.distributed import launcher
+from jaxpar.errors import ConfigError, UserError
+from jaxpar.mesh import simulate_cpu_devices
+from jaxpar.parallel import STRATEGIES
+from jaxpar.train import train
+from rich.console import Console
 
 
 COMMANDS = {
     "train": {"help": "train one model with one strategy; writes OUT/result.json"},
-    "bench": {"help": "time one strategy's training step (synthetic batches); prints and "
-                      "optionally writes OUT/result.json",
-              "defaults": {"dataset": "synthetic"}, "extra": _bench_flags},
+    "bench": BENCH,
     "scaling": {"help": "data-parallel strategies over device counts (or MPI ranks: --ranks), "
                         "strong and weak scaling (one bench process per point); writes OUT/summary.md",
                 "config": False, "extra": "scaling"},
@@ -66,28 +64,19 @@ for _name, _module in STUDIES.items():
 EXIT_USAGE = 2
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from jaxpar.idx import DataError
-    from jaxpar.mesh import MeshError
-    from jaxpar.results import ResultsError
-    from jaxpar.train import ConfigError
-
-    return (DataError, MeshError, ResultsError, ConfigError, ValueError)
+# ValueError too: a model or optimizer constructor's message for an impossible option value.
+USER_ERRORS = (UserError, ValueError)
 
 
 def _distributed_mode(config) -> str:
     """mpi4jax strategies join ranks with MPI itself; the rest join them with jax.distributed."""
-    from jaxpar.parallel import STRATEGIES
-    from jaxpar.train import ConfigError
-
     cls = STRATEGIES[config.parallel.strategy]
-    if getattr(cls, "uses_mpi", False):
+    if cls.uses_mpi:
         return "none"
-    from jaxpar.distributed import launcher
     mode = config.parallel.distributed
     many = mode in ("mpi", "slurm") or (mode == "auto" and launcher() is not None)
-    if many and not cls.supports_multiprocess:
-        able = [n for n, c in STRATEGIES.items() if c.supports_multiprocess or getattr(c, "uses_mpi", False)]
+    if many and not cls.multiprocess:
+        able = [n for n, c in STRATEGIES.items() if c.multiprocess or c.uses_mpi]
         raise ConfigError(f"--strategy {cls.name} cannot run across processes (not built or tested "
                           f"for one global mesh over ranks); launch one process, or pick one that "
                           f"can: {', '.join(able)}")
@@ -96,28 +85,21 @@ def _distributed_mode(config) -> str:
 
 def run(argv: list[str]) -> int:
     args = build_parser(COMMANDS).parse_args(argv)
-    from jaxpar.checkpoint import Interrupted
-
     try:
         if args.command in STUDIES:
             return 0 if STUDIES[args.command].run(args) is not None else 1
-        from rich.console import Console
-
         return _dispatch(args, config_from_args(args), Console(stderr=False))
     except Interrupted as e:  # SIGTERM / Ctrl-C after saving a checkpoint
         print(str(e), file=sys.stderr)
         return e.exit_code
-    except _user_errors() as e:
+    except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
 
 
 def _dispatch(args, config, console) -> int:
-    from jaxpar import results
-    from jaxpar.mesh import simulate_cpu_devices
-
     if args.command == "prepare-data":
-        from jaxpar import data, tfds_idx
+        from jaxpar import tfds_idx  # TFDS takes seconds to import; only this command needs it
 
         if config.data.dataset == "synthetic":
             raise ValueError("--dataset synthetic is generated on the fly; nothing to prepare")
@@ -133,17 +115,12 @@ def _dispatch(args, config, console) -> int:
     if out is not None:
         results.ensure_writable(out)  # fail before the work, not after it
     simulate_cpu_devices(config.parallel.devices)  # before JAX's backend starts
-    from jaxpar import distributed
     distributed.setup(_distributed_mode(config), config.parallel.single_thread)
     main = distributed.is_main()  # only rank 0 prints and writes results
 
     if args.command == "train":
-        from jaxpar.train import train
-
         result = train(config, console=console if main else None)
     else:
-        from jaxpar.bench import benchmark, report
-
         result = benchmark(config, iters=args.iters, warmup=args.warmup,
                            matmul_peak=args.matmul_peak)
         if main:

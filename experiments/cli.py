@@ -82,3 +82,19 @@ def build_parser(commands: dict[str, dict]) -> argparse.ArgumentParser:
             spec["extra"](p)
     return parser
 
+
+
+def add_bench_flags(p: argparse.ArgumentParser) -> None:
+    """`bench`'s own flags, beside the config's."""
+    p.add_argument("--iters", type=int, default=20, help="timed steps (default: 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
+    p.add_argument("--matmul-peak", default=True, action=argparse.BooleanOptionalAction,
+                   help="also measure a matmul peak to compare achieved FLOP/s with (seconds on a "
+                        "CPU; studies comparing strategies pass --no-matmul-peak) (default: on)")
+
+
+# The `bench` command, here rather than in __main__ so that study points can parse a bench
+# command line without importing the studies.
+BENCH = {"help": "time one strategy's training step (synthetic batches); prints and "
+                 "optionally writes OUT/result.json",
+         "defaults": {"dataset": "synthetic"}, "extra": add_bench_flags}

@@ -15,7 +15,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> list[Path]:
-    from jaxpar.plots import redraw
+    from experiments.plots import redraw
 
     paths = redraw(args.data, args.out)
     for p in paths:

@@ -15,11 +15,15 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable, Iterable, TypeVar
 
+from experiments.cli import BENCH, build_parser, config_from_args
 from jaxpar import results
+from jaxpar.config import to_dict
 from jaxpar.config import ConfigError
 
 STOP_GRACE_S = 10  # after SIGTERM, before SIGKILL
+T = TypeVar("T")
 
 
 class PointError(RuntimeError):
@@ -81,11 +85,7 @@ def reusable(folder: str | Path, flags: list[str], ranks: int | None = None) -> 
 
 def _settings(cmd: list[str]) -> dict:
     """What a bench command line measures: its config (where it writes aside), iters, ranks."""
-    from experiments import __main__ as cli
-    from experiments.cli import build_parser, config_from_args
-    from jaxpar.config import to_dict
-
-    args = build_parser(cli.COMMANDS).parse_args(cmd[cmd.index("bench"):])
+    args = build_parser({"bench": BENCH}).parse_args(cmd[cmd.index("bench"):])
     config = json.loads(json.dumps(to_dict(config_from_args(args))))  # as stored: lists, not tuples
     ranks = int(cmd[cmd.index("-n") + 1]) if cmd[0] != sys.executable else 1
     settings = {**_flat(config), "iters": args.iters, "ranks": ranks}
@@ -111,3 +111,23 @@ def bench_point(folder: str | Path, flags: list[str], timeout: float, ranks: int
         return done
     run_point([*bench_command(flags, ranks), "--out", str(folder)], timeout)
     return dataclasses.asdict(results.load(Path(folder) / results.RESULT_FILE))
+
+
+def pending(jobs: Iterable[T], result_path: Callable[[T], str | Path]) -> list[T]:
+    """The jobs of a study whose results file is not there yet (or unreadable): resuming a
+    study is re-running it with this filter, since each trial's JSON is written atomically.
+
+    Args:
+      jobs: the study's trials (configs, batch sizes, ...), in order.
+      result_path: where a job's results JSON goes.
+    Returns:
+      The jobs still to run, in order.
+    """
+    todo = []
+    for job in jobs:
+        path = Path(result_path(job))
+        try:
+            results.RunResult.from_json(path.read_text())
+        except Exception:  # missing, partial or stale: run it (again)
+            todo.append(job)
+    return todo

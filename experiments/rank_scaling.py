@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from jaxpar.config import ConfigError
-from jaxpar.speedup import busiest_rank_bytes, rank_rows
+from experiments.speedup import busiest_rank_bytes, rank_rows
 
 MPI_STRATEGIES = ("mpi-allreduce", "mpi-param-server", "dp-auto")
 BASELINE_STRATEGIES = ("dp-shard-map", "dp-auto")
@@ -38,8 +38,8 @@ def check(strategies: list[str], ranks: list[int]) -> None:
         raise ConfigError(f"--ranks must be >= 1, got {ranks}")
     for name in strategies:
         cls = STRATEGIES.get(name)
-        if cls is None or not (getattr(cls, "uses_mpi", False) or cls.supports_multiprocess):
-            able = [n for n, c in STRATEGIES.items() if getattr(c, "uses_mpi", False) or c.supports_multiprocess]
+        if cls is None or not (cls.uses_mpi or cls.multiprocess):
+            able = [n for n, c in STRATEGIES.items() if c.uses_mpi or c.multiprocess]
             raise ConfigError(f"--strategies {name}: rank points need a strategy that runs across "
                               f"processes ({', '.join(able)})")
     if max(ranks) > 1 and not mpiexec().exists():

@@ -21,11 +21,12 @@ from pathlib import Path
 from experiments import rank_scaling
 from experiments.points import run_point
 from jaxpar import results
-from jaxpar.checkpoint import pending
+from experiments.points import pending
 from jaxpar.config import ConfigError
-from jaxpar.speedup import device_rows, load_points
+from jaxpar.parallel import STRATEGIES
+from experiments.speedup import device_rows, load_points
 
-DP_STRATEGIES = ("dp-pmap", "dp-shard-map", "dp-auto", "fsdp", "local-sgd")
+DP_STRATEGIES = tuple(n for n, c in STRATEGIES.items() if c.family == "data parallel")
 POINT_TIMEOUT_S = 600  # one bench process (or mpiexec job); a hang must not stall the study
 QUICK_TIMEOUT_S = 120
 

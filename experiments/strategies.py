@@ -10,7 +10,7 @@ study resumes, complete points are not run again): every single-process strategy
 simulated devices with a mesh that uses all of them (`mesh_for`), the MPI strategies as
 --devices single-threaded ranks when mpi4jax is installed (else recorded as skipped, with
 why). Writes OUT/points/<strategy>/result.json, OUT/strategies.json (RunResult: config, env,
-metrics.rows; `jaxpar.plots.strategies_bars` draws it) and OUT/summary.md, atomically.
+metrics.rows; `experiments.plots.strategies_bars` draws it) and OUT/summary.md, atomically.
 """
 
 from __future__ import annotations
@@ -23,24 +23,11 @@ from pathlib import Path
 from experiments.points import PointError, bench_point, reusable
 from jaxpar import results
 from jaxpar.config import ConfigError
-from jaxpar.mesh import DATA, STAGE, TENSOR, parse_mesh
+from jaxpar.mesh import DATA, STAGE, TENSOR, format_mesh, parse_mesh
+from jaxpar.parallel import STRATEGIES
 
 POINT_TIMEOUT_S = 600  # one bench process (or mpiexec job); a hang must not stall the study
 QUICK_TIMEOUT_S = 120
-# Strategies grouped as in DESIGN.md (bar colours, table order).
-FAMILIES = {
-    "single": "reference",
-    "dp-pmap": "data parallel", "dp-shard-map": "data parallel", "dp-auto": "data parallel",
-    "fsdp": "data parallel", "local-sgd": "data parallel",
-    "tensor": "model parallel", "tensor-auto": "model parallel", "pipeline": "model parallel",
-    "layer-split": "model parallel",
-    "hybrid": "hybrid",
-    "mpi-allreduce": "multi-process", "mpi-param-server": "multi-process",
-}
-STAGED = ("pipeline", "layer-split")    # blocks split over STAGE = all devices
-TENSOR_SPLIT = ("tensor", "tensor-auto")  # blocks split over TENSOR = all devices
-BLOCK_MODELS = {"stack-mlp", "vit"}      # identical blocks: what model-parallel strategies split
-HYBRID_MODELS = {"stack-mlp"}
 # --quick: enough to check the study's properties (no communication for single; fsdp keeps
 # 1/N of dp-auto's state; explicit collectives equal theory), one process of seconds each.
 QUICK_STRATEGIES = ("single", "dp-auto", "fsdp")
@@ -69,26 +56,21 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 
 def mesh_for(strategy: str, devices: int) -> str:
-    """The --mesh of a single-process strategy that uses all `devices`.
-
-    hybrid: 2 stages, tensor=2 when 4 devices divide, data= the rest (4 devices: tensor=2 x
-    stage=2; 8: data=2 x tensor=2 x stage=2)."""
+    """The --mesh a single-process strategy takes on `devices` devices: its own default
+    (`Strategy.default_mesh`), written out so the point's command line says it."""
     if strategy == "single":
         return ""
-    if strategy in TENSOR_SPLIT:
-        return f"{TENSOR}={devices}"
-    if strategy in STAGED:
-        return f"{STAGE}={devices}"
-    if strategy == "hybrid":
-        tensor = 2 if devices % 4 == 0 else 1
-        return f"{DATA}={devices // (2 * tensor)},{TENSOR}={tensor},{STAGE}=2"
-    return f"{DATA}={devices}"
+    return format_mesh(STRATEGIES[strategy].default_mesh(devices))
 
 
 def _is_mpi(strategy: str) -> bool:
-    from jaxpar.parallel import STRATEGIES
+    return STRATEGIES[strategy].uses_mpi
 
-    return bool(getattr(STRATEGIES[strategy], "uses_mpi", False))
+
+def _split(names: list[str], axis: str, devices: int) -> list[str]:
+    """The strategies of `names` that cut the model over `axis` on all `devices` devices."""
+    return [s for s in names if not _is_mpi(s)
+            and STRATEGIES[s].default_mesh(devices).get(axis, 1) == devices > 1]
 
 
 def _mpi_missing() -> str | None:
@@ -109,12 +91,10 @@ def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, str], dict]:
     Returns:
       (strategies to run, {strategy: reason} of those skipped, the study config)
     """
-    from jaxpar.parallel import STRATEGIES
-
     if args.quick:
         args.width, args.depth, args.iters, args.warmup = 32, 4, 3, 1
     # default order: by family (reference, data, model, hybrid, multi-process), as the table reads
-    everything = [s for s in FAMILIES if s in STRATEGIES] + [s for s in STRATEGIES if s not in FAMILIES]
+    everything = list(STRATEGIES)  # by family, as the registry lists them
     names = args.strategies.split(",") if args.strategies else (
         list(QUICK_STRATEGIES) if args.quick else everything)
     unknown = [n for n in names if n not in STRATEGIES]
@@ -149,16 +129,14 @@ def _check(args: argparse.Namespace, names: list[str]) -> None:
     if args.warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
     n, bad = args.devices, []
-    needs_blocks = [s for s in names if s in (*STAGED, *TENSOR_SPLIT, "hybrid")]
-    if needs_blocks and args.model not in BLOCK_MODELS:
-        bad.append(f"{', '.join(needs_blocks)} split identical blocks: --model "
-                   f"{' or '.join(sorted(BLOCK_MODELS))}")
-    if "hybrid" in names and args.model not in HYBRID_MODELS:
-        bad.append(f"hybrid splits stack-mlp blocks: --model {' or '.join(sorted(HYBRID_MODELS))}")
-    if any(s in STAGED for s in names) and args.depth % n:
+    for s in names:
+        takes = STRATEGIES[s].models
+        if takes is not None and args.model not in takes:
+            bad.append(f"{s} takes --model {' or '.join(takes)}")
+    if _split(names, STAGE, n) and args.depth % n:
         bad.append(f"--depth {args.depth} blocks do not split into {n} stages (pipeline, layer-split): "
                    f"make --depth a multiple of --devices")
-    if any(s in TENSOR_SPLIT for s in names) and args.width % n:
+    if _split(names, TENSOR, n) and args.width % n:
         bad.append(f"--width {args.width} does not split over tensor={n}: make it a multiple of --devices")
     if "hybrid" in names and n % 2:
         bad.append(f"hybrid runs 2 stages: give an even --devices, not {n}")
@@ -204,7 +182,7 @@ def row(strategy: str, result: dict) -> dict:
     processes = env.get("mpi_ranks", 1)
     return {
         "strategy": strategy,
-        "family": FAMILIES.get(strategy, "other"),
+        "family": STRATEGIES[strategy].family,
         "mesh": {"ranks": processes} if _is_mpi(strategy) else desc.get("mesh", {}),
         "devices_used": desc.get("devices", 1),
         "processes": processes,

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from experiments.points import run_point
 from jaxpar import results
-from jaxpar.checkpoint import pending
+from experiments.points import pending
 from jaxpar.config import ConfigError
 
 RESULTS_FILE = "time_to_accuracy.json"

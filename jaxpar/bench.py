@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from jaxpar import data as datalib
-from jaxpar import profile
+from jaxpar import measure
 from jaxpar.config import TrainConfig, to_dict
 from jaxpar.optim import make_optimizer
 from jaxpar.results import RunResult, environment
@@ -42,7 +42,7 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
     state = strategy.init(build_model(config), tx, mesh)
     batch = strategy.place_batch(host_batch)
     compiled, compile_s = strategy.compile("step", state, batch)
-    stats = profile.program_stats(compiled)
+    stats = measure.program_stats(compiled)
 
     holder = {"state": state}
 
@@ -50,12 +50,12 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
         holder["state"], sums = strategy.step(holder["state"], batch)
         return sums
 
-    times = profile.time_calls(one_step, iters, warmup=warmup)
+    times = measure.time_calls(one_step, iters, warmup=warmup)
     median_s = sorted(times)[len(times) // 2]
     devices = list(mesh.devices.flat)
-    peak = profile.matmul_peak(devices)["gflops"] if matmul_peak else None
+    peak = measure.matmul_peak(devices)["gflops"] if matmul_peak else None
     accounting = strategy.accounting(stats, holder["state"])
-    flops = profile.step_flops(stats["flops"], accounting, len(devices))
+    flops = measure.step_flops(stats["flops"], accounting, len(devices))
     achieved = flops / median_s / 1e9
     metrics = {
         "step_time_ms_median": 1000 * median_s,

@@ -23,13 +23,13 @@ import json
 import signal
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxpar.config import ConfigError, TrainConfig, from_dict, to_dict
+from jaxpar.config import ConfigError, TrainConfig, to_dict
 
 FORMAT = "jaxpar-checkpoint-v1"
 # Options that may change between a run and its resume: where and how it is placed
@@ -255,33 +255,3 @@ def load(directory: str, step: int | None = None) -> tuple[dict[str, np.ndarray]
                                                         meta=ocp.args.JsonRestore()))
     manager.close()
     return {k: np.asarray(v) for k, v in out["state"].items()}, out["meta"]
-
-
-T = TypeVar("T")
-
-
-def pending(jobs: Iterable[T], result_path: Callable[[T], str | Path]) -> list[T]:
-    """The jobs of a study whose results file is not there yet (or unreadable): resuming a
-    study is re-running it with this filter, since each trial's JSON is written atomically.
-
-    Args:
-      jobs: the study's trials (configs, batch sizes, ...), in order.
-      result_path: where a job's results JSON goes.
-    Returns:
-      The jobs still to run, in order.
-    """
-    from jaxpar.results import RunResult
-
-    todo = []
-    for job in jobs:
-        path = Path(result_path(job))
-        try:
-            RunResult.from_json(path.read_text())
-        except Exception:  # missing, partial or stale: run it (again)
-            todo.append(job)
-    return todo
-
-
-def saved_config(meta: dict) -> TrainConfig:
-    """The TrainConfig a checkpoint was written with."""
-    return from_dict(meta["config"])

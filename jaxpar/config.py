@@ -11,9 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """An option value that cannot work; the message names the option to change."""
+from jaxpar.errors import ConfigError  # noqa: F401  (re-exported: config errors live with configs)
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:

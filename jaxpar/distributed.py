@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
+from jaxpar.errors import ConfigError
+
 # Short on purpose: a missing or dead rank must end the job in tens of seconds, not JAX's
 # default 300 s initialisation / 100 s heartbeat / 300 s shutdown.
 INIT_TIMEOUT_S = 30
@@ -81,8 +83,6 @@ def initialize(mode: str) -> None:
     Args:
       mode: 'none' (do nothing), 'auto' (MPI or SLURM when launched by one), 'mpi' or 'slurm'.
     """
-    from jaxpar.train import ConfigError
-
     if mode == "none" or (mode == "auto" and launcher() is None):
         return
     kind = launcher() if mode == "auto" else mode

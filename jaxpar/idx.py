@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxpar.errors import DataError
+
 # Magic numbers of the two kinds of MNIST files: 0x00000803 and 0x00000801.
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049
@@ -36,10 +38,6 @@ SYSTEM_DIRS = {
 }
 
 _FIX = "re-download it or point --data-dir at a good copy"
-
-
-class DataError(Exception):
-    """A data set is missing or unreadable; the message says what to do."""
 
 
 def _read_bytes(path: Path) -> bytes:

@@ -11,14 +11,12 @@ import math
 
 import numpy as np
 
+from jaxpar.errors import MeshError  # noqa: F401  (re-exported)
+
 DATA = "data"
 TENSOR = "tensor"
 STAGE = "stage"
 AXES = (DATA, TENSOR, STAGE)
-
-
-class MeshError(ValueError):
-    """A mesh that cannot be built from the devices present (message names the fix)."""
 
 
 def simulate_cpu_devices(n: int | None) -> None:

@@ -19,12 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jaxpar.errors import ResultsError
+
 SCHEMA_VERSION = 1
 RESULT_FILE = "result.json"
-
-
-class ResultsError(Exception):
-    """Results cannot be written or read; the message names the fix."""
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Communication and memory predicted from first principles, to set beside what the compiled
 programs measure (DESIGN.md invariant 4). Bytes are collective *operand* bytes, as
-`jaxpar.profile.collective_bytes` counts them.
+`jaxpar.measure.collective_bytes` counts them.
 
     tensor_collective_bytes(batch_local=64, width=32, depth=4, degree=2, vit=False)
 """

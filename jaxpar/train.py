@@ -24,7 +24,7 @@ import jax
 
 from jaxpar import checkpoint as ckptlib
 from jaxpar import data as datalib
-from jaxpar import profile
+from jaxpar import measure
 from jaxpar.config import ConfigError, TrainConfig, to_dict
 from jaxpar.models import make_model
 from jaxpar.optim import make_optimizer
@@ -149,7 +149,7 @@ def fit(config: TrainConfig, console=None) -> Outcome:
 
     first = strategy.place_batch(next(datalib.train_batches(splits.train, batch_size, config.seed, 0)))
     compiled, compile_s = strategy.compile("step", state, first)
-    stats = profile.program_stats(compiled)
+    stats = measure.program_stats(compiled)
     accounting = strategy.accounting(stats, state)
     eval_bs = min(config.data.eval_batch_size, len(splits.test[1]))
     eval_example = strategy.place_batch(next(datalib.eval_batches(splits.test, eval_bs)))
@@ -252,7 +252,7 @@ def fit(config: TrainConfig, console=None) -> Outcome:
         "images_per_sec": batch_size / median_s,
         "train_s": train_s,
         "wall_s": time.perf_counter() - wall_start,
-        "flops_per_step": profile.step_flops(stats["flops"], accounting, mesh.devices.size),
+        "flops_per_step": measure.step_flops(stats["flops"], accounting, mesh.devices.size),
         **accounting,
     }
     if config.target_accuracy is not None:

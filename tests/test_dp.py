@@ -112,12 +112,12 @@ def test_local_sgd_equals_its_sequential_emulation():
 
 
 def _compiled_stats(strategy_name, devices=8, **options):
-    from jaxpar import profile
+    from jaxpar import measure
 
     t = eq.run(eq.config(strategy=strategy_name, **options), steps=1, devices=devices)
     batch = t.strategy.place_batch(eq.batches(64, 1)[0])
     compiled, _ = t.strategy.compile("step", t.state, batch)
-    return t.strategy.accounting(profile.program_stats(compiled), t.state)
+    return t.strategy.accounting(measure.program_stats(compiled), t.state)
 
 
 @requires_devices(8)

@@ -48,15 +48,15 @@ def test_compile_covers_every_stage_program():
     assert dict(s.trace_counts) == counts  # compiled executables ran: no retrace
     assert {"step:train_fwd0", "step:bwd0", "step:last", "step:update0", "step:update1"} <= set(s.compiled)
     # memory per device: the fullest device and the largest stage program, not stage 0's first
-    from jaxpar import profile
+    from jaxpar import measure
 
-    acc = s.accounting(profile.program_stats(compiled), state)
-    temps = [profile.program_stats(c)["memory"]["temp_bytes"]
+    acc = s.accounting(measure.program_stats(compiled), state)
+    temps = [measure.program_stats(c)["memory"]["temp_bytes"]
              for name, c in s.compiled.items() if name.startswith("step:")]
     assert acc["memory_per_device"]["temp_bytes"] == max(temps)
     # FLOPs: every stage program's, not the first one's times the devices (bench uses this)
     assert acc["flops_all_stage_programs"] == sum(
-        profile.program_stats(c)["flops"] for name, c in s.compiled.items()
+        measure.program_stats(c)["flops"] for name, c in s.compiled.items()
         if name.startswith("step:") and name != "step")
     assert len(acc["memory_per_stage"]) == 2
     # stage 0's residuals, held from its forward program to its backward, count as activations

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import equivalence as eq
-from jaxpar import profile
+from jaxpar import measure
 from jaxpar.config import ConfigError
 from jaxpar.mesh import MeshError
 from jaxpar.parallel import schedules
@@ -56,7 +56,7 @@ def _accounting(schedule, micro=16, remat=False, stages=2):
                     remat=remat, model="stack-mlp", width=64, depth=4, batch_size=128)
     t = eq.run(cfg, steps=1, devices=stages, global_batches=eq.batches(128, 1))
     compiled, _ = t.strategy.compile("step", t.state, t.strategy.place_batch(eq.batches(128, 1)[0]))
-    return t.strategy.accounting(profile.program_stats(compiled), t.state), t
+    return t.strategy.accounting(measure.program_stats(compiled), t.state), t
 
 
 def test_1f1b_holds_less_activation_memory_than_gpipe():

@@ -6,7 +6,8 @@ mode and model config), the best single-process point, and both figures drawn.
 
 import pytest
 
-from jaxpar import plots, results, speedup
+from experiments import plots, speedup
+from jaxpar import results
 from jaxpar.config import TrainConfig, to_dict, with_options
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import equivalence as eq
 from conftest import requires_devices
-from jaxpar import profile
+from jaxpar import measure
 from jaxpar.train import ConfigError
 
 # lr 0.02: the stack-mlp diverges at the protocol's default 0.1, and a diverging run is a
@@ -61,7 +61,7 @@ def test_tensor_matches_single(refs, strategy, model, mesh):
     # communication: explicit = theory exactly; the compiler's version is reported
     batch = s.place_batch(eq.batches(cfg.data.batch_size, 1)[0])
     compiled, _ = s.compile("step", got.state, batch)
-    measured = profile.collective_bytes(compiled.as_text()).get("total", 0)
+    measured = measure.collective_bytes(compiled.as_text()).get("total", 0)
     theory = s.theory()["total"]
     if strategy == "tensor":
         assert measured == theory

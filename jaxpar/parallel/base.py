@@ -22,25 +22,50 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxpar import measure
 from jaxpar import mesh as meshlib
 from jaxpar.config import TrainConfig
+from jaxpar.errors import ConfigError
 from jaxpar.step import Params, TrainState
 from jaxpar.parallel.layout import fetch
 
 
+# The families strategies belong to, in the order tables and figures list them.
+FAMILIES = ("reference", "data parallel", "model parallel", "hybrid", "multi-process")
+
+
 class Strategy:
-    """Base class: subclasses set `name`, `default_axes` and implement the abstract methods."""
+    """Base class. A strategy is the one source of what it is and what it supports: the CLI,
+    the studies, the tables and the error messages read these class attributes, and no list
+    of strategies or of the models they take exists anywhere else."""
 
     name: str = ""
+    family: str = ""          # one of FAMILIES
+    summary: str = ""         # what it does, in one line (docs tables, `--help`)
+    # Models it can place, by registry name (jaxpar.models.MODELS); None = every model.
+    models: tuple[str, ...] | None = None
+    # Mesh axes when --mesh is not given; -1 = the devices left (see `default_mesh`).
     default_axes: dict[str, int] = {meshlib.DATA: -1}
-    # True when a step runs cross-device collectives: the CPU loop then keeps one step in
-    # flight (XLA's in-process all-reduce deadlocks when collective steps queue up).
-    uses_collectives: bool = False
-    # True when the strategy runs across processes on one jax.distributed global mesh (its
-    # place_batch takes process-local rows); checked at start-up when process_count() > 1.
-    supports_multiprocess: bool = False
+    # Runs across processes on one jax.distributed global mesh (its place_batch takes
+    # process-local rows); checked at start-up when launched under mpiexec/srun.
+    multiprocess: bool = False
+    # Joins ranks with MPI itself (mpi4jax collectives inside jit), not jax.distributed.
+    uses_mpi: bool = False
+
+    @classmethod
+    def check_model(cls, model: str) -> None:
+        """ConfigError naming the models this strategy takes, unless it takes `model`."""
+        if cls.models is not None and model not in cls.models:
+            raise ConfigError(f"--strategy {cls.name} cannot place --model {model}; it takes "
+                              f"--model {' or '.join(cls.models)}")
+
+    @classmethod
+    def default_mesh(cls, devices: int) -> dict[str, int]:
+        """The axis sizes this strategy uses on `devices` devices when --mesh is not given."""
+        return meshlib.resolve_axes(dict(cls.default_axes), devices)
 
     def __init__(self, config: TrainConfig):
+        self.check_model(config.model.model)
         self.config = config
         self.mesh = None
         self.graphdef: nnx.GraphDef | None = None
@@ -51,7 +76,8 @@ class Strategy:
     # --- placement -------------------------------------------------------------------------
     def make_mesh(self, devices) -> jax.sharding.Mesh:
         """The mesh from `--mesh` (or `default_axes`) over `devices`."""
-        axes = meshlib.parse_mesh(self.config.parallel.mesh) or dict(self.default_axes)
+        devices = list(devices)
+        axes = meshlib.parse_mesh(self.config.parallel.mesh) or self.default_mesh(len(devices))
         return meshlib.make_mesh(axes, devices)
 
     def init(self, model: nnx.Module, tx: optax.GradientTransformation, mesh) -> TrainState:
@@ -99,13 +125,11 @@ class Strategy:
 
     def accounting(self, step_stats: dict, state: TrainState) -> dict:
         """Communication and memory metrics for results JSON, from the compiled step."""
-        from jaxpar import profile
-
         return {
             "collective_bytes_per_step": step_stats["collective_bytes"].get("total", 0),
             "collective_bytes_by_op": step_stats["collective_bytes"],
             "collective_bytes_theory": self.theory(),
-            "state_bytes_per_device": profile.state_bytes_per_device(state),
+            "state_bytes_per_device": measure.state_bytes_per_device(state),
             "memory_per_device": step_stats["memory"],
         }
 

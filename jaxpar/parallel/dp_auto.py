@@ -18,8 +18,9 @@ from jaxpar.parallel.dp_common import DataParallel, accumulated_grads
 
 
 class DPAuto(DataParallel):
-    supports_multiprocess = True  # one global mesh under jax.distributed
     name = "dp-auto"
+    summary = "`jit` with the batch sharded by `NamedSharding`; XLA inserts the all-reduce"
+    multiprocess = True  # one global mesh under jax.distributed
 
     def init(self, model, tx, mesh):
         params, model_state = self._setup(model, tx, mesh)

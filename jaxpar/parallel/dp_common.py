@@ -16,18 +16,18 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxpar import data as datalib
 from jaxpar import mesh as meshlib
-from jaxpar import profile
+from jaxpar import measure
 from jaxpar import step as steplib
 from jaxpar.parallel import layout
 from jaxpar.parallel.base import Strategy
-from jaxpar.config import ConfigError
+from jaxpar.errors import ConfigError
 
 
 class DataParallel(Strategy):
     """Base for strategies that split the batch over the DATA axis."""
 
+    family = "data parallel"
     default_axes = {meshlib.DATA: -1}
-    uses_collectives = True
 
     def make_mesh(self, devices):
         mesh = super().make_mesh(devices)
@@ -82,7 +82,7 @@ class DataParallel(Strategy):
     def theory(self) -> dict[str, int]:
         """One all-reduce of the gradient per step, plus the loss denominator and two metric
         sums (3 f32 scalars). A ring all-reduce moves 2(N-1)/N of it per device."""
-        grad = profile.tree_bytes(self.template)
+        grad = measure.tree_bytes(self.template)
         return {"all-reduce": grad + 12, "total": grad + 12,
                 "ring_bytes_per_device": int(2 * (self.n - 1) / self.n * grad)}
 

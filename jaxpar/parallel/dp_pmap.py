@@ -25,6 +25,7 @@ def _first(tree):
 
 class DPPmap(DataParallel):
     name = "dp-pmap"
+    summary = "`jax.pmap` + `lax.psum` of gradients (the legacy API)"
 
     def init(self, model, tx, mesh):
         params, model_state = self._setup(model, tx, mesh)

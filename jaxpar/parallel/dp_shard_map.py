@@ -26,8 +26,9 @@ from jaxpar.parallel.dp_common import DataParallel, accumulated_grads, global_su
 
 
 class DPShardMap(DataParallel):
-    supports_multiprocess = True  # shard_map over one global mesh under jax.distributed
     name = "dp-shard-map"
+    summary = "`jax.shard_map` over `data` with one explicit `psum` of gradients"
+    multiprocess = True  # shard_map over one global mesh under jax.distributed
 
     def init(self, model, tx, mesh):
         params, model_state = self._setup(model, tx, mesh)

@@ -28,8 +28,10 @@ from jaxpar.parallel.layout import fetch, map_param_trees
 
 
 class FSDP(DataParallel):
-    supports_multiprocess = True  # state sharded over one global mesh under jax.distributed
     name = "fsdp"
+    summary = ("ZeRO-3: parameters and optimizer state sharded 1/N per device; all-gather on "
+               "use, reduce-scatter of gradients, explicit in `shard_map`")
+    multiprocess = True  # state sharded over one global mesh under jax.distributed
 
     def init(self, model, tx, mesh):
         params, model_state = self._setup(model, tx, mesh)

@@ -17,7 +17,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxpar import mesh as meshlib
-from jaxpar.config import ConfigError
+from jaxpar.errors import ConfigError
 from jaxpar.mesh import DATA, STAGE, TENSOR
 from jaxpar.models.mlp import ACTIVATIONS
 from jaxpar.parallel.pipeline import Pipeline
@@ -28,17 +28,26 @@ _SPLIT = {("up", "kernel"): P(STAGE, None, TENSOR), ("up", "bias"): P(STAGE, TEN
 
 class Hybrid(Pipeline):
     name = "hybrid"
-    default_axes = {DATA: -1, TENSOR: 1, STAGE: 2}
+    family = "hybrid"
+    summary = ("data x tensor x stage on one mesh: pipeline stages, Megatron-split blocks, "
+               "data-sharded batch")
+    models = ("stack-mlp",)  # its Megatron split knows the stack-mlp block
     data_axis = DATA
 
+    @classmethod
+    def default_mesh(cls, devices):
+        """2 stages; tensor=2 when 4 devices divide; data = the rest (4: tensor=2 x stage=2,
+        8: data=2 x tensor=2 x stage=2)."""
+        tensor = 2 if devices % 4 == 0 else 1
+        return meshlib.resolve_axes({DATA: -1, TENSOR: tensor, STAGE: 2}, devices)
+
     def make_mesh(self, devices):
-        axes = meshlib.parse_mesh(self.config.parallel.mesh) or dict(self.default_axes)
+        devices = list(devices)
+        axes = meshlib.parse_mesh(self.config.parallel.mesh) or self.default_mesh(len(devices))
         axes = {a: axes.get(a, 1) for a in meshlib.AXES}  # all three present, so specs can name them
         return meshlib.make_mesh(axes, devices)
 
     def init(self, model, tx, mesh):
-        if self.config.model.model != "stack-mlp":
-            raise ConfigError("--strategy hybrid splits stack-mlp blocks; use --model stack-mlp")
         T = mesh.shape[TENSOR]
         width = model.blocks[0].up.in_features
         if width % T:

@@ -25,12 +25,12 @@ from flax import nnx
 from jax.sharding import SingleDeviceSharding
 
 from jaxpar import mesh as meshlib
-from jaxpar import profile
+from jaxpar import measure
 from jaxpar import step as steplib
 from jaxpar.mesh import STAGE
 from jaxpar.parallel import layout
 from jaxpar.parallel.base import Strategy
-from jaxpar.parallel.tensor import check_model
+from jaxpar.errors import ConfigError
 
 EMBED = ("stem", "patch_embed", "pos_embed")  # top-level params used by `embed` (stage 0)
 
@@ -64,6 +64,10 @@ def pick(structure, sources):
 
 class LayerSplit(Strategy):
     name = "layer-split"
+    family = "model parallel"
+    summary = ("the naive baseline: consecutive blocks on consecutive devices, one batch at a "
+               "time, separate programs per stage")
+    models = ("stack-mlp", "vit")  # identical blocks, consecutive ones per stage
     default_axes = {STAGE: -1}
 
     def make_mesh(self, devices):
@@ -76,9 +80,6 @@ class LayerSplit(Strategy):
 
     # --- layout ----------------------------------------------------------------------------
     def init(self, model, tx, mesh):
-        from jaxpar.train import ConfigError
-
-        check_model(model, self.name)
         self.mesh, self.tx = mesh, tx
         self.devices = list(mesh.devices.flat)
         S, depth = len(self.devices), len(model.blocks)
@@ -250,7 +251,7 @@ class LayerSplit(Strategy):
             build("last_eval", state.params[-1], x, labels)
         seconds = time.perf_counter() - start
         if name == "step":  # bench/train read stats off one program: keep every program's
-            stats = {n.split(":", 1)[1]: profile.program_stats(self.compiled[n]) for n in names}
+            stats = {n.split(":", 1)[1]: measure.program_stats(self.compiled[n]) for n in names}
             self.step_flops = sum(st["flops"] for st in stats.values())
             self.step_memory = {prog: st["memory"] for prog, st in stats.items()}
         first = self.compiled[names[0]]
@@ -278,9 +279,9 @@ class LayerSplit(Strategy):
             # `step_stats` is the first stage program's alone: memory per device is the most
             # any stage program needs; per stage, the most of the programs on its device.
             mems = self.step_memory
-            out["memory_per_device"] = profile.max_memory(list(mems.values()))
+            out["memory_per_device"] = measure.max_memory(list(mems.values()))
             out["memory_per_stage"] = [
-                profile.max_memory([m for prog, m in mems.items() if self._stage_of(prog) == s])
+                measure.max_memory([m for prog, m in mems.items() if self._stage_of(prog) == s])
                 for s in range(self.stages)]
             # Activations are outputs here, not temporaries: a stage's forward returns the
             # residuals its backward program consumes later; the last stage does both in one.

@@ -21,9 +21,9 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jaxpar import profile
+from jaxpar import measure
 from jaxpar import step as steplib
-from jaxpar.config import ConfigError
+from jaxpar.errors import ConfigError
 from jaxpar.mesh import DATA
 from jaxpar.parallel.dp_common import DataParallel, accumulated_grads
 from jaxpar.parallel.layout import fetch
@@ -33,8 +33,10 @@ _stacked = functools.partial(jax.tree.map, lambda x: x[None])   # and back
 
 
 class LocalSGD(DataParallel):
-    supports_multiprocess = True  # per-replica state over one global mesh under jax.distributed
     name = "local-sgd"
+    summary = ("each replica takes `--sync-every k` steps on its own shard, then parameters "
+               "are averaged")
+    multiprocess = True  # per-replica state over one global mesh under jax.distributed
 
     def init(self, model, tx, mesh):
         params, model_state = self._setup(model, tx, mesh)
@@ -105,10 +107,8 @@ class LocalSGD(DataParallel):
 
     def accounting(self, step_stats, state):
         # Local steps communicate nothing; the averaging program runs once every k steps.
-        from jaxpar.profile import program_stats
-
         average, _ = self.compile("average", state)
-        sync = program_stats(average)["collective_bytes"]
+        sync = measure.program_stats(average)["collective_bytes"]
         out = super().accounting(step_stats, state)
         per_step = {op: b // self.sync_every for op, b in sync.items()}
         return {**out, "collective_bytes_per_step": per_step.get("total", 0),
@@ -116,7 +116,7 @@ class LocalSGD(DataParallel):
 
     def theory(self) -> dict[str, int]:
         """One all-reduce of the parameters every k steps; local steps communicate nothing."""
-        per_sync = profile.tree_bytes(self.template)
+        per_sync = measure.tree_bytes(self.template)
         return {"all-reduce": per_sync // self.sync_every, "total": per_sync // self.sync_every}
 
     def describe(self) -> dict:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from jaxpar import mesh as meshlib
-from jaxpar import profile, theory
+from jaxpar import measure, theory
 from jaxpar import step as steplib
 from jaxpar.parallel import layout, mpi_common
 from jaxpar.parallel.base import Strategy
@@ -24,8 +24,15 @@ COMM_REPEATS = 10  # timed calls of the communication alone (accounting)
 
 class MpiAllreduce(Strategy):
     name = "mpi-allreduce"
+    family = "multi-process"
+    summary = ("one process per MPI rank; fused gradient buffer summed with "
+               "`mpi4jax.allreduce` inside `jit` (Horovod-style)")
     default_axes = {meshlib.DATA: 1}
     uses_mpi = True  # ranks are joined by MPI itself, not jax.distributed
+
+    @classmethod
+    def default_mesh(cls, devices):
+        return {meshlib.DATA: 1}  # one device per rank
 
     def __init__(self, config):
         super().__init__(config)
@@ -88,8 +95,8 @@ class MpiAllreduce(Strategy):
         sums = jax.device_put(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                                            mpi_common.metric_sums_shape()), self.device)
         communicate = jax.jit(self._communicate)
-        times = profile.time_calls(lambda: communicate(state, sums), COMM_REPEATS)
-        return {**out, "comm_time_ms_median": profile.median_ms(times)}
+        times = measure.time_calls(lambda: communicate(state, sums), COMM_REPEATS)
+        return {**out, "comm_time_ms_median": measure.median_ms(times)}
 
     def compile(self, name, *args):
         """AOT-compile for the program statistics, but keep calling through `jit`: mpi4jax's

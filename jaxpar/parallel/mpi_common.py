@@ -11,7 +11,8 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from jaxpar import step as steplib
-from jaxpar.profile import tree_bytes
+from jaxpar.measure import tree_bytes
+from jaxpar.errors import ConfigError
 
 INSTALL_HINT = (
     "install the `mpi` extra: `make test` does it, or `pip install mpi4py mpich` then "
@@ -24,8 +25,6 @@ def import_mpi():
     Returns:
       (mpi4py.MPI, mpi4jax)
     """
-    from jaxpar.train import ConfigError
-
     try:
         from mpi4py import MPI
         import mpi4jax
@@ -36,8 +35,6 @@ def import_mpi():
 
 def rank_rows(n_rows: int, rank: int, size: int) -> slice:
     """This rank's rows of a global batch of `n_rows` (needs n_rows % size == 0)."""
-    from jaxpar.train import ConfigError
-
     if n_rows % size:
         raise ConfigError(f"--batch-size {n_rows} must be a multiple of the {size} MPI ranks")
     per = n_rows // size

@@ -22,6 +22,8 @@ ROOT = 0
 
 class MpiParamServer(MpiAllreduce):
     name = "mpi-param-server"
+    summary = ("gradients gathered to rank 0 (`mpi4jax.gather`), update there, state "
+               "broadcast back")
 
     def _gather_sum(self, tree):
         """Sum over ranks by gathering every rank's fused buffer to ROOT (valid on ROOT only)."""

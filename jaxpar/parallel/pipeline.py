@@ -28,21 +28,19 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxpar import mesh as meshlib
 from jaxpar import step as steplib
-from jaxpar.config import ConfigError
+from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE
 from jaxpar.parallel import layout, schedules
 from jaxpar.parallel.base import Strategy
 from jaxpar.parallel.layout import map_param_trees
 
-STAGED_MODELS = ("stack-mlp", "vit")
-
-
-
-
 class Pipeline(Strategy):
     name = "pipeline"
+    family = "model parallel"
+    summary = ("blocks stacked and sharded over `stage`; `--microbatches M`, "
+               "`--schedule gpipe|1f1b`, `--remat`")
+    models = ("stack-mlp", "vit")  # identical blocks, stacked [L, ...] and cut into stages
     default_axes = {STAGE: -1}
-    uses_collectives = True
 
     def make_mesh(self, devices):
         mesh = super().make_mesh(devices)
@@ -55,9 +53,6 @@ class Pipeline(Strategy):
     # --- set-up -----------------------------------------------------------------------------
     def init(self, model, tx, mesh):
         cfg = self.config
-        if not hasattr(model, "blocks") or cfg.model.model not in STAGED_MODELS:
-            raise ConfigError(f"--strategy pipeline needs a model of identical blocks: "
-                              f"--model {' or '.join(STAGED_MODELS)}")
         self.mesh, self.tx = mesh, tx
         self.S, self.M, self.L = mesh.shape[STAGE], cfg.parallel.microbatches, len(model.blocks)
         if self.S < 2:

@@ -16,7 +16,13 @@ from jaxpar.parallel.base import Strategy
 
 class Single(Strategy):
     name = "single"
+    family = "reference"
+    summary = "the whole step on one device, plain `jit`"
     default_axes = {meshlib.DATA: 1}
+
+    @classmethod
+    def default_mesh(cls, devices):
+        return {meshlib.DATA: 1}  # the first device, however many are present
 
     def make_mesh(self, devices):
         axes = meshlib.parse_mesh(self.config.parallel.mesh)

@@ -27,30 +27,18 @@ from jaxpar import mesh as meshlib
 from jaxpar import step as steplib
 from jaxpar import theory
 from jaxpar.mesh import DATA, TENSOR
-from jaxpar.models import StackMLP, ViT
+from jaxpar.models import ViT
 from jaxpar.models.mlp import ACTIVATIONS
 from jaxpar.models.vit import TransformerBlock
 from jaxpar.parallel.base import Strategy
+from jaxpar.errors import ConfigError
 
-SPLITTABLE = {"stack-mlp": StackMLP, "vit": ViT}
 COLUMN = ("up", "query", "key", "value")  # kernel split on the output dim, bias split
 ROW = ("down", "out")                     # kernel split on the input dim, bias replicated
 
 
-def check_model(model, strategy: str) -> None:
-    """ConfigError unless `model` is one whose identical blocks can be split."""
-    from jaxpar.train import ConfigError  # jaxpar.train imports the strategies
-
-    if not isinstance(model, tuple(SPLITTABLE.values())):
-        raise ConfigError(f"--strategy {strategy} splits model blocks; use --model "
-                          f"{' or '.join(SPLITTABLE)} (not {type(model).__name__})")
-
-
 def check_divisible(model, degree: int, strategy: str) -> None:
     """ConfigError if the width (stack-mlp) or head count (vit) does not split `degree` ways."""
-    from jaxpar.train import ConfigError
-
-    check_model(model, strategy)
     block = model.blocks[0]
     width = block.up.in_features
     if isinstance(model, ViT):
@@ -105,8 +93,9 @@ def local_param_bytes(params) -> int:
 class _TensorBase(Strategy):
     """What `tensor` and `tensor-auto` share: mesh checks, the sharded state, accounting."""
 
+    family = "model parallel"
+    models = ("stack-mlp", "vit")  # identical blocks whose layers split column -> row
     default_axes = {TENSOR: -1}
-    uses_collectives = True
 
     def make_mesh(self, devices):
         mesh = super().make_mesh(devices)
@@ -143,8 +132,6 @@ class _TensorBase(Strategy):
     def place_batch(self, batch):
         n = len(batch["label"])
         if n % self.data:
-            from jaxpar.train import ConfigError
-
             raise ConfigError(f"batch of {n} does not split over data={self.data}; change "
                               "--batch-size (or --eval-batch-size) to a multiple of it")
         return jax.device_put(batch, self.batch_sharding)
@@ -189,6 +176,8 @@ def tp_block(block, h: jax.Array) -> jax.Array:
 
 class Tensor(_TensorBase):
     name = "tensor"
+    summary = ("Megatron column->row split over `tensor` in `jax.shard_map` (stack-mlp MLP "
+               "blocks; ViT heads)")
 
     def _build_programs(self):
         batch_specs = {"image": self.batch_spec, "label": self.batch_spec,

@@ -17,6 +17,8 @@ from jaxpar.parallel.tensor import _TensorBase
 
 class TensorAuto(_TensorBase):
     name = "tensor-auto"
+    summary = ("the same split as `NamedSharding`s on the parameters, plain `jit`; XLA places "
+               "the collectives")
 
     def _build_programs(self):
         batch = {k: self.batch_sharding for k in ("image", "label", "weight")}

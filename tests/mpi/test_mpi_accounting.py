@@ -7,7 +7,7 @@ from the compiled step's MPI custom calls equal the formula for this many ranks.
 import pytest
 
 import equivalence as eq
-from jaxpar import profile
+from jaxpar import measure
 
 SUMS = 3 * 4  # loss_sum, correct, count (f32) travel in the fused buffer with the gradient
 
@@ -19,9 +19,9 @@ def test_accounted_bytes_match_the_formula_for_this_communicator(comm, strategy)
     t = eq.run(eq.config(batch_size=16 * ranks, strategy=strategy, optimizer="momentum"), steps=1)
     batch = t.strategy.place_batch(eq.batches(16 * ranks, 1)[0])
     compiled, _ = t.strategy.compile("step", t.state, batch)
-    acc = t.strategy.accounting(profile.program_stats(compiled), t.state)
-    grad = profile.tree_bytes(t.state.params) + SUMS
-    state = profile.tree_bytes(t.state) + SUMS  # parameters, optimizer state, step
+    acc = t.strategy.accounting(measure.program_stats(compiled), t.state)
+    grad = measure.tree_bytes(t.state.params) + SUMS
+    state = measure.tree_bytes(t.state) + SUMS  # parameters, optimizer state, step
     theory = acc["collective_bytes_theory"]
     assert acc["collective_bytes_per_step"] == theory["total"]
     if strategy == "mpi-allreduce":

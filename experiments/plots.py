@@ -221,7 +221,7 @@ def redraw(data_dir: str | Path, out_dir: str | Path) -> list[Path]:
             data = _study_result(data_dir / file, kind)
             paths += [draw(data, out) for draw in draws]
     if (data_dir / "scaling").is_dir():
-        from jaxpar.speedup import load_points
+        from experiments.speedup import load_points
 
         paths += scaling_figures(load_points(data_dir / "scaling"), out)
     return paths
@@ -268,8 +268,8 @@ def _scaling_panels(rows: list[dict], x: str, base: str, title: str, path: Path,
 
 def scaling_figures(points: list[dict], out: Path) -> list[Path]:
     """scaling_devices.png (simulated devices in one process) and scaling_ranks.png (MPI
-    ranks, one thread each), from `jaxpar.speedup.load_points` of the scaling study's folder."""
-    from jaxpar import speedup
+    ranks, one thread each), from `experiments.speedup.load_points` of the scaling study's folder."""
+    from experiments import speedup
 
     paths = []
     devices = [r for r in speedup.device_rows(points) if r["speedup"] == r["speedup"]]  # has a base
