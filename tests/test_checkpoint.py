@@ -225,5 +225,7 @@ def test_pending_skips_studies_work_already_written(tmp_path):
     done = fit(tiny(tmp_path / "c", steps=2)).result
     results.write_atomic(tmp_path / "bs16.json", done.to_json())
     (tmp_path / "bs32.json").write_text('{"kind": "tr')  # partial: re-run it
-    todo = ckptlib.pending([16, 32, 64], lambda bs: tmp_path / f"bs{bs}.json")
+    from experiments.points import pending
+
+    todo = pending([16, 32, 64], lambda bs: tmp_path / f"bs{bs}.json")
     assert todo == [32, 64]
