@@ -51,6 +51,9 @@ class Strategy:
     multiprocess: bool = False
     # Joins ranks with MPI itself (mpi4jax collectives inside jit), not jax.distributed.
     uses_mpi: bool = False
+    # Its step runs per batch shard (shard_map, pmap, one MPI rank), so batch norm normalises
+    # with each shard's own statistics; False: over the whole global batch, like `single`.
+    batch_norm_per_shard: bool = False
 
     @classmethod
     def check_model(cls, model: str) -> None:
