@@ -4,7 +4,8 @@
     device_rows(points)   # 1 process, N simulated devices sharing every core
     rank_rows(points)     # R MPI processes, one pinned thread each
 
-Two kinds of point live in one results folder:
+Each point's result records its mode (config["point"]["labels"]["mode"], written by the
+study), never inferred from where the file lies. Two kinds of point live in one results folder:
   - device points: one process, N simulated CPU devices, XLA's default threads (all cores);
     speed-up over `single` on 1 device of the same mode and model;
   - rank points (run with --single-thread): R processes, one thread each; speed-up over ONE
@@ -21,15 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from jaxpar import results
+from jaxpar.errors import ResultsError
 
 
 def load_points(folder: str | Path) -> list[dict[str, Any]]:
-    """One flat record per bench result under `folder` (mode from its OUT/<mode>/ folder)."""
+    """One flat record per bench result under `folder`, with the mode its point recorded."""
     points = []
     for path in sorted(Path(folder).rglob(results.RESULT_FILE)):
         r = results.load(path)
         m, env = r.metrics, r.env
-        mode = "weak" if "/weak/" in str(r.config.get("out") or "") else "strong"
+        mode = recorded_mode(r, path)
         points.append({
             "mode": mode,
             "model": r.config["model"]["model"],
@@ -51,6 +53,16 @@ def load_points(folder: str | Path) -> list[dict[str, Any]]:
             "env": env,
         })
     return points
+
+
+def recorded_mode(result: results.RunResult, path: Path) -> str:
+    """'strong' or 'weak', as the scaling study recorded it in the point's result."""
+    try:
+        return result.config["point"]["labels"]["mode"]
+    except (KeyError, TypeError):
+        raise ResultsError(f"{path} does not record its scaling mode (strong or weak): it was not "
+                           f"written by the scaling study; run `python -m experiments scaling` "
+                           f"into a fresh --out") from None
 
 
 def device_rows(points: list[dict]) -> list[dict]:
