@@ -21,7 +21,7 @@ from pathlib import Path
 from experiments import options, points, rank_scaling
 from experiments.options import BenchOptions, option
 from experiments.points import Point
-from experiments.speedup import device_rows, load_points
+from experiments.speedup import REFERENCE, device_rows, load_points
 from experiments.study import Study, at_least
 from jaxpar import results
 from jaxpar.config import TrainConfig, with_options
@@ -67,11 +67,11 @@ def plan(config: ScalingConfig) -> list[Point]:
     device = config.strategies or tuple(n for n, c in STRATEGIES.items() if c.family == "data parallel")
     found = [point(config, mode, model, strategy, devices=n) for mode in config.modes
              for model in config.models for n in config.device_counts
-             for strategy in (["single"] if n == 1 else device)]
+             for strategy in ([REFERENCE] if n == 1 else device)]
     for r in config.ranks or ():
         found += [point(config, mode, model, strategy, ranks=r) for mode in config.modes
                   for model in config.models
-                  for strategy in (["single"] if r == 1 else config.rank_strategies)]
+                  for strategy in ([REFERENCE] if r == 1 else config.rank_strategies)]
     return found
 
 

@@ -23,6 +23,10 @@ from typing import Any
 
 from jaxpar import results
 from jaxpar.errors import ResultsError
+from jaxpar.parallel import STRATEGIES
+
+# The baseline of every speed-up: the reference family's strategy (one device, plain jit).
+REFERENCE = next(name for name, cls in STRATEGIES.items() if cls.family == "reference")
 
 
 def load_points(folder: str | Path) -> list[dict[str, Any]]:
@@ -69,13 +73,13 @@ def device_rows(points: list[dict]) -> list[dict]:
     """Device points with 'speedup' (over `single` on 1 device) and 'efficiency' (/ devices)."""
     rows = [p for p in points if not p["single_thread"]]
     base = {p["group"]: p["images_per_sec"] for p in rows
-            if p["devices"] == 1 and p["strategy"] == "single"}
+            if p["devices"] == 1 and p["strategy"] == REFERENCE}
     out = []
     for p in rows:
         b = base.get(p["group"])
         speed = p["images_per_sec"] / b if b else float("nan")
         out.append({**p, "speedup": speed, "efficiency": speed / p["devices"]})
-    return sorted(out, key=lambda r: (r["mode"], r["model"], r["strategy"] != "single",
+    return sorted(out, key=lambda r: (r["mode"], r["model"], r["strategy"] != REFERENCE,
                                       r["strategy"], r["devices"]))
 
 
@@ -90,7 +94,7 @@ def rank_rows(points: list[dict]) -> list[dict]:
     'speedup_vs_best' over the best single-process point and 'best' (that point)."""
     rows = [p for p in points if p["single_thread"]]
     base = {p["group"]: p["images_per_sec"] for p in rows
-            if p["ranks"] == 1 and p["strategy"] == "single"}
+            if p["ranks"] == 1 and p["strategy"] == REFERENCE}
     out = []
     for p in rows:
         b = base.get(p["group"])
@@ -98,7 +102,7 @@ def rank_rows(points: list[dict]) -> list[dict]:
         speed = p["images_per_sec"] / b if b else float("nan")
         out.append({**p, "speedup": speed, "efficiency": speed / p["ranks"], "best": best,
                     "speedup_vs_best": p["images_per_sec"] / best["images_per_sec"] if best else float("nan")})
-    return sorted(out, key=lambda r: (r["mode"], r["model"], r["strategy"] != "single",
+    return sorted(out, key=lambda r: (r["mode"], r["model"], r["strategy"] != REFERENCE,
                                       r["strategy"], r["ranks"]))
 
 
