@@ -84,6 +84,7 @@ def _distributed_mode(config) -> str:
 
 
 def run(argv: list[str]) -> int:
+    results.capture_provenance()  # the revision every command and study starts from
     args = build_parser(COMMANDS).parse_args(argv)
     try:
         if args.command in STUDIES:
