@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-from experiments import (batch_size, figures, hparam, pipeline_study, scaling, strategies,
+from experiments import (batch_size, figures, hparam, pipeline_study, report, scaling, strategies,
                          time_to_accuracy)
 from experiments.cli import BENCH, build_parser, config_from_args
 from jaxpar import data, distributed, results
@@ -51,11 +51,14 @@ COMMANDS = {
                          "config": False},
     "figures": {"help": "redraw every figure from results files (--data) into --out",
                 "config": False, "extra": "figures"},
+    "report": {"help": "write every results table in README.md and docs/ from results files "
+                       "(--data); --check fails naming stale tables", "config": False},
     "prepare-data": {"help": "prepare a dataset ahead of time (for offline machines and clusters)",
                      "config": {"dataset", "data_dir", "cache_dir"}},
 }
 
 STUDIES = {"batch-size": batch_size, "scaling": scaling, "pipeline": pipeline_study, "figures": figures,
+           "report": report,
            "hparam": hparam, "strategies": strategies, "time-to-accuracy": time_to_accuracy}
 for _name, _module in STUDIES.items():
     COMMANDS[_name]["extra"] = _module.add_flags

@@ -128,3 +128,13 @@ def test_pipeline_sends_what_its_schedule_says(schedule, stages, micro):
     got = measured(stages, strategy="pipeline", mesh=f"stage={stages}", schedule=schedule,
                    microbatches=micro, batch_size=64, **STACK)
     assert got == pipeline_bytes(schedule, stages, micro, 64, 64)
+
+
+@requires_devices(2)
+def test_tensor_auto_vit_all_reduces_half_again_as_much():
+    """XLA all-reduces each of q, k and v's input gradients on its own (three backward
+    all-reduces where Megatron's `f` has one): 6 per block instead of 4."""
+    tokens = (28 // PATCH) ** 2
+    got = measured(2, strategy="tensor-auto", mesh="tensor=2", model="vit", width=32, depth=2,
+                   batch_size=32)
+    assert got["total"] * 2 == 3 * megatron_bytes(32, 32, 2, sub_blocks=2, tokens=tokens)
