@@ -53,7 +53,7 @@ def redraw(data_dir: str | Path, out_dir: str | Path) -> tuple[list[Path], list[
     paths, notes = [], []
     for name, figures in FIGURES:
         if name in absent:
-            notes += [f"not drawn: {png} (missing {sources.missing(data_dir, name)})" for png, _ in figures]
+            notes.append(f"not drawn: {', '.join(png for png, _ in figures)} ({sources.missing(data_dir, name)})")
         elif name == "scaling":
             drawn = plots.scaling_figures(loaded[name]["points"], out)
             paths += drawn

@@ -4,8 +4,8 @@
     python -m experiments report             # rewrite the tables between their markers
     python -m experiments report --check     # exit 1 naming every table that differs
 
-A generated table sits between two markers in a markdown file; everything between them is
-replaced by `experiments.tables.TABLES[NAME](data folder)`:
+A generated table sits between two markers, each on a line of its own, in a markdown file;
+everything between them is replaced by `experiments.tables.TABLES[NAME](data folder)`:
 
     <!-- report:scaling-devices -->
     | model | strategy | ... |
@@ -26,8 +26,9 @@ from experiments.tables import TABLES
 from jaxpar.errors import ConfigError
 from jaxpar.results import write_atomic
 
-_BLOCK = re.compile(r"(<!-- report:([\w\-]+) -->\n)(.*?)(<!-- /report:\2 -->)", re.S)
-_OPEN = re.compile(r"<!-- report:([\w\-]+) -->")
+# Markers stand on lines of their own (a marker quoted inside a sentence is not one).
+_BLOCK = re.compile(r"^(<!-- report:([\w\-]+) -->\n)(.*?)^(<!-- /report:\2 -->)$", re.S | re.M)
+_OPEN = re.compile(r"^<!-- report:([\w\-]+) -->$", re.M)
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:

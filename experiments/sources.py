@@ -24,19 +24,17 @@ class Source:
 
 
 SOURCES: dict[str, Source] = {
-    "train-cnn": Source("train/cnn.json", "train",
-                        "make run (python -m experiments train), its result.json copied here"),
+    "train-cnn": Source("train/cnn.json", "train", "`make run`, its result.json copied here,"),
     "train-mlp": Source("train/mlp.json", "train",
-                        "make run ARGS=\"--model mlp\", its result.json copied here"),
-    "batch-size": Source("batch_size/result.json", "batch-size", "python -m experiments batch-size --out OUT"),
-    "scaling": Source("scaling", "", "python -m experiments scaling --out OUT "
-                                     "(and --ranks 1,2 for the rank points)"),
+                        "`make run ARGS=\"--model mlp\"`, its result.json copied here,"),
+    "batch-size": Source("batch_size/result.json", "batch-size", "`python -m experiments batch-size --out OUT`"),
+    "scaling": Source("scaling", "", "`python -m experiments scaling --out OUT` (and `--ranks 1,2`)"),
     "strategies": Source("strategies/strategies.json", "strategies",
-                         "python -m experiments strategies --out OUT"),
-    "pipeline": Source("pipeline/pipeline.json", "pipeline", "python -m experiments pipeline --out OUT"),
-    "hparam": Source("hparam/hparam.json", "hparam", "python -m experiments hparam --devices 2 --out OUT"),
+                         "`python -m experiments strategies --out OUT`"),
+    "pipeline": Source("pipeline/pipeline.json", "pipeline", "`python -m experiments pipeline --out OUT`"),
+    "hparam": Source("hparam/hparam.json", "hparam", "`python -m experiments hparam --devices 2 --out OUT`"),
     "time-to-accuracy": Source("time_to_accuracy/time_to_accuracy.json", "time-to-accuracy",
-                               "python -m experiments time-to-accuracy --out OUT"),
+                               "`python -m experiments time-to-accuracy --out OUT`"),
 }
 
 
@@ -44,11 +42,15 @@ def path_of(data_dir: Path, name: str) -> Path:
     return Path(data_dir) / SOURCES[name].path
 
 
+def command(data_dir: Path, name: str) -> str:
+    """The command that writes source `name` under `data_dir`."""
+    path = path_of(data_dir, name)
+    return SOURCES[name].command.replace("OUT", str(path.parent if SOURCES[name].kind else path))
+
+
 def missing(data_dir: Path, name: str) -> str:
     """One line naming the absent file and the command that writes it."""
-    src = SOURCES[name]
-    out = str(path_of(data_dir, name).parent if src.kind else path_of(data_dir, name))
-    return f"{path_of(data_dir, name)} (written by: {src.command.replace('OUT', out)})"
+    return f"no {path_of(data_dir, name)}; {command(data_dir, name)} writes it"
 
 
 def present(data_dir: Path, name: str) -> bool:
@@ -65,17 +67,17 @@ def load(data_dir: Path, name: str) -> dict[str, Any]:
         holds another kind of result.
     """
     if not present(data_dir, name):
-        raise ResultsError(f"missing {missing(data_dir, name)}")
+        raise ResultsError(missing(data_dir, name))
     path, kind = path_of(data_dir, name), SOURCES[name].kind
     if not kind:
         points = speedup.load_points(path)
         if not points:
-            raise ResultsError(f"no result.json under {path}: {missing(data_dir, name)}")
+            raise ResultsError(f"no {results.RESULT_FILE} under {path}; {command(data_dir, name)} writes them")
         return {"points": points, "files": sorted(path.rglob(results.RESULT_FILE))}
     try:
         result = results.load(path)
     except ResultsError as e:
-        raise ResultsError(f"{e} (re-run: {SOURCES[name].command.replace('OUT', str(path.parent))})") from None
+        raise ResultsError(f"{e}; {command(data_dir, name)} writes it anew") from None
     if result.kind != kind:
         raise ResultsError(f"{path} holds a {result.kind!r} result, not {kind!r}")
     return {"config": result.config, "env": result.env, "metrics": result.metrics,

@@ -123,8 +123,10 @@ def machine_line(name: str, data_dir: Path) -> str:
     diff_note = f"; diffs beside the files: {', '.join(diffs)}" if diffs else (
         "; the diff was not recorded (written before results kept it)"
         if any("uncommitted" in r for r in revisions) else "")
+    # Named by the results folder's last two parts (figures/data/...), however it was given.
+    shown = Path(*Path(data_dir).resolve().parts[-2:]) / folder.relative_to(data_dir)
     return (f"*Measured on:* {'; '.join(machines)}. *Results:* {len(envs)} file(s) under "
-            f"`{folder.as_posix()}/`, written {span} ({times[0].strftime('%z')}) from revision "
+            f"`{shown.as_posix()}/`, written {span} ({times[0].strftime('%z')}) from revision "
             f"{', '.join(revisions)}{diff_note}.")
 
 
@@ -270,5 +272,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "batch-size": batch_size,
     "time-to-accuracy": time_to_accuracy,
     "hparam": hparam,
-    **{f"machine-{name}": functools.partial(machine_line, name) for name in sources.SOURCES},
+    # One line per results folder (the two training runs share theirs).
+    **{f"machine-{name.removesuffix('-cnn')}": functools.partial(machine_line, name)
+       for name in sources.SOURCES if name != "train-mlp"},
 }
