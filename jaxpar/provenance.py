@@ -103,9 +103,10 @@ def _diff_to_write() -> bool:
     return bool(_git and _git["git_dirty"] and 0 < _git["git_diff_bytes"] <= MAX_DIFF_BYTES)
 
 
-def write_diff_beside(result_path: str | os.PathLike) -> Path | None:
-    """Write the captured diff next to `result_path` (once per folder); None if clean."""
-    if not _diff_to_write():
+def write_diff_beside(result_path: str | os.PathLike, text: str) -> Path | None:
+    """Write the captured diff next to `result_path` when the result written there (`text`)
+    names it in its env (once per folder); None otherwise."""
+    if not _diff_to_write() or diff_file_name() not in text:
         return None
     path = Path(result_path).parent / diff_file_name()
     if not path.exists():

@@ -80,8 +80,8 @@ def ensure_writable(directory: str | os.PathLike) -> Path:
 def write_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write `text` to `path` via a temporary file in the same folder and a rename.
 
-    A `.json` results file written while the run's tree was dirty gets that diff beside it
-    (`git-diff-<hash>.patch`, named in the result's `env.git_diff_file`)."""
+    A `.json` result whose `env.git_diff_file` names the run's diff (its tree was dirty when
+    it started) gets that diff beside it as `git-diff-<hash>.patch`."""
     path = Path(path)
     ensure_writable(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -97,7 +97,7 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     if path.suffix == ".json":
-        provenance.write_diff_beside(path)
+        provenance.write_diff_beside(path, text)
     return path
 
 

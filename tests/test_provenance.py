@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from experiments.__main__ import run
-from jaxpar import provenance
+from jaxpar import provenance, results
 from jaxpar.config import DataConfig
 from jaxpar.idx import IDX_FILE_STEMS, write_idx
 from jaxpar.parallel.single import Single
+from jaxpar.results import RunResult
 
 TRAIN = ["train", "--dataset", "synthetic", "--model", "mlp", "--width", "16", "--depth", "1",
          "--steps", "3", "--val-size", "0", "--batch-size", "32", "--synthetic-size", "256",
@@ -92,3 +93,15 @@ def test_the_data_source_names_the_idx_files_and_their_checksums(tmp_path):
     for name, info in source["idx_files"].items():
         assert info["sha256"] == hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
     assert source["prepared"] is None  # not prepared yet: the run prepares it and reads again
+
+
+def test_only_a_result_that_names_the_diff_gets_it_beside(repo, tmp_path):
+    (repo / "code.py").write_text("x = 4\n")
+    provenance.capture(None)
+    plain = RunResult(kind="bench", config={}, env={"backend": "cpu"}, metrics={})
+    results.save(plain, tmp_path / "plain")
+    assert [p.name for p in (tmp_path / "plain").iterdir()] == ["result.json"]
+    named = RunResult(kind="bench", config={}, env=results.environment(), metrics={})
+    results.save(named, tmp_path / "named")
+    assert sorted(p.name for p in (tmp_path / "named").iterdir()) == sorted(
+        ["result.json", named.env["git_diff_file"]])
