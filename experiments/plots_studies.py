@@ -115,7 +115,8 @@ def hparam_speedup(result: dict, out: Path) -> Path:
     x = list(range(len(groups)))
     names = [f"width {g['width']}\ndepth {g['depth']}" for g in groups]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5))
-    for dx, kind, label, color in ((-0.2, "sequential", "one by one", "C0"), (0.2, "vmapped", "vmapped trials", "C1")):
+    for dx, kind, label, color in ((-0.2, "sequential", "one by one", "C0"),
+                                   (0.2, "vmapped", "vmapped trials", "C1")):
         run = [g[f"{kind}_s"] for g in groups]
         comp = [g[f"{kind}_compile_s"] for g in groups]
         ax.bar([i + dx for i in x], run, 0.4, color=color, label=f"{label}: training")
@@ -188,7 +189,9 @@ def batch_size(result: dict, out: Path) -> Path:
                plt.Line2D([], [], color="k", ls=":", label="1.25x the fewest: perfect-regime cut-off")]
     used = list(dict.fromkeys(regimes)) if rows else []
     handles += [plt.Rectangle((0, 0), 1, 1, fc=REGIMES[n], ec="0.7", label=n) for n in used]
-    model = f"{cfg['model']} {cfg.get('width', '')}x{cfg.get('depth', '')}" if cfg["model"] == "mlp" else cfg["model"]
+    model = cfg["model"]
+    if model == "mlp":
+        model += f" {cfg.get('width', '')}x{cfg.get('depth', '')}"
     note = f"; not reached within budget: {missed}" if missed else ""
     fig.suptitle(f"{cfg['dataset']}, {model}, momentum SGD, {len(cfg['trials'])} (lr, momentum) trials per "
                  f"batch size; {env.get('cpu_cores', '?')} CPU cores{note}", fontsize=10)

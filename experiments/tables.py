@@ -223,6 +223,12 @@ def batch_size(data_dir: Path) -> str:
 
 
 # --- time-to-accuracy study ------------------------------------------------------------------
+def _time_cell(r: dict) -> str:
+    """Time to target, † where batch norm used per-shard statistics (trajectory may differ)."""
+    cell = f"{r['time_s']:.1f} s" if r["reached"] else "not reached"
+    return cell + (" †" if r.get("batch_norm_per_shard") else "")
+
+
 def time_to_accuracy(data_dir: Path) -> str:
     rows = sources.load(data_dir, "time-to-accuracy")["metrics"]["rows"]
     names = list(dict.fromkeys(r["strategy"] for r in rows))
@@ -231,8 +237,7 @@ def time_to_accuracy(data_dir: Path) -> str:
         here = {r["strategy"]: r for r in rows if r["model"] == model}
         first = next(iter(here.values()))
         steps = sorted({r["steps"] for r in here.values() if r["reached"]})
-        cells = [(f"{r['time_s']:.1f} s" if r["reached"] else "not reached") + (" †" if r.get("batch_norm_per_shard") else "")
-                 if (r := here.get(n)) else DASH for n in names]
+        cells = [_time_cell(here[n]) if n in here else DASH for n in names]
         acc = [r["test_accuracy"] for r in here.values()]
         out.append([f"{model} ({first['target']:.2f})", ", ".join(map(str, steps)) or DASH, *cells,
                     f"{min(acc):.3f}-{max(acc):.3f}"])
@@ -250,8 +255,9 @@ def hparam(data_dir: Path) -> str:
         b, s, q = g["best"], g["best_over_seeds"], g["best_over_seeds_sequential"]
         worst = max(range(len(trials)), key=lambda i: g["loss_diff_per_trial"][i])
         seed, lr, mom = trials[worst]
-        out.append([f"width {g['width']}, depth {g['depth']}", f"{g['vmapped_s']:.1f} s", f"{g['sequential_s']:.1f} s",
-                    f"{g['speedup']:.2f}x", f"{g['vmapped_compile_s']:.1f} s / {g['sequential_compile_s']:.1f} s",
+        out.append([f"width {g['width']}, depth {g['depth']}", f"{g['vmapped_s']:.1f} s",
+                    f"{g['sequential_s']:.1f} s", f"{g['speedup']:.2f}x",
+                    f"{g['vmapped_compile_s']:.1f} s / {g['sequential_compile_s']:.1f} s",
                     f"lr {b['lr']:g}, m {b['momentum']:g}, seed {b['seed']} ({b['val_accuracy']:.3f})",
                     f"({s['lr']:g}, {s['momentum']:g}): {s['mean_val_accuracy']:.3f}",
                     "yes" if (s["lr"], s["momentum"]) == (q["lr"], q["momentum"]) else "no",
