@@ -16,10 +16,11 @@ from rich.console import Console
 
 from experiments import (batch_size, figures, hparam, pipeline_study, scaling, strategies,
                          time_to_accuracy)
+from experiments import report as docs_report  # not `report`: jaxpar.bench's printout
 from experiments.cli import BENCH, build_parser, config_from_args, options_from_args
 from experiments.options import BenchOptions
 from experiments.run import execute
-from jaxpar import data
+from jaxpar import data, results
 from jaxpar.checkpoint import Interrupted
 from jaxpar.errors import UserError
 
@@ -34,6 +35,9 @@ COMMANDS = {
        for name, s in STUDIES.items()},
     "figures": {"help": "redraw every figure from results files (--data) into --out",
                 "config": False, "extra": figures.add_flags},
+    "report": {"help": "write every results table in README.md and docs/ from results files "
+                       "(--data); --check fails naming stale tables", "config": False,
+               "extra": docs_report.add_flags},
     "prepare-data": {"help": "prepare a dataset ahead of time (for offline machines and clusters)",
                      "config": {"dataset", "data_dir", "cache_dir"}},
 }
@@ -46,14 +50,16 @@ USER_ERRORS = (UserError, ValueError)
 
 
 def run(argv: list[str]) -> int:
+    results.capture_provenance()  # the revision every command and study starts from
     args = build_parser(COMMANDS).parse_args(argv)
     try:
         if args.command in STUDIES:
             study = STUDIES[args.command]
             config = options_from_args(args, study.quick if args.quick else study.config())
             return 0 if study.run(config) is not None else 1
-        if args.command == "figures":
-            return 0 if figures.run(args) is not None else 1
+        if args.command in ("figures", "report"):
+            tool = figures if args.command == "figures" else docs_report
+            return 0 if tool.run(args) is not None else 1
         return _dispatch(args, Console(stderr=False))
     except Interrupted as e:  # SIGTERM / Ctrl-C after saving a checkpoint
         print(str(e), file=sys.stderr)

@@ -18,7 +18,7 @@ from jaxpar import data as datalib
 from jaxpar import measure
 from jaxpar.config import TrainConfig, to_dict
 from jaxpar.optim import make_optimizer
-from jaxpar.results import RunResult, environment
+from jaxpar.results import RunResult, capture_provenance, environment
 from jaxpar.train import build_model, make_strategy
 
 
@@ -32,6 +32,7 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
         `percent_of_peak` None, for studies that compare strategies with one another.
     """
     wall_start = time.perf_counter()
+    capture_provenance(None)  # the revision this run starts from; no dataset is read
     strategy = make_strategy(config)
     mesh = strategy.make_mesh(jax.devices())
     batch_size = config.data.batch_size

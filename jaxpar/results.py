@@ -1,8 +1,12 @@
 """Results as versioned JSON: `RunResult` (schema_version, config, env, metrics) <-> file.
 
-Every number in README and figures comes from one of these files, and `env` records the
-machine behind it (DESIGN.md invariant 3). Files are written atomically: a reader sees the
-old file or the new one, never half of one.
+Every number in README, docs and figures comes from one of these files, and `env` records the
+machine behind it, the revision the run started from and the data it read (docs/design.md,
+"Results and provenance"). Files are written atomically: a reader sees the old file or the
+new one, never half of one.
+
+    results.capture_provenance(config.data)   # first thing in a run
+    results.save(RunResult(kind="train", config=..., env=results.environment(), metrics=...), out)
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ import dataclasses
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,7 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jaxpar import provenance
 from jaxpar.errors import ResultsError
+
+# Read where a run starts from (revision, dirty diff, data source): see jaxpar/provenance.py.
+capture_provenance = provenance.capture
 
 SCHEMA_VERSION = 1
 RESULT_FILE = "result.json"
@@ -71,7 +78,10 @@ def ensure_writable(directory: str | os.PathLike) -> Path:
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write `text` to `path` via a temporary file in the same folder and a rename."""
+    """Write `text` to `path` via a temporary file in the same folder and a rename.
+
+    A `.json` result whose `env.git_diff_file` names the run's diff (its tree was dirty when
+    it started) gets that diff beside it as `git-diff-<hash>.patch`."""
     path = Path(path)
     ensure_writable(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -86,6 +96,8 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if path.suffix == ".json":
+        provenance.write_diff_beside(path, text)
     return path
 
 
@@ -111,19 +123,6 @@ def load(path: str | os.PathLike) -> RunResult:
         raise ResultsError(f"cannot read results {str(path)!r}: {e}") from e
 
 
-def git_revision() -> str:
-    """The repo's HEAD commit (with '+dirty' if files changed), or 'unknown'."""
-    here = Path(__file__).resolve().parent
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
-                             text=True, timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (rev + ("+dirty" if dirty else "")) if rev else "unknown"
-
-
 def _mpi_ranks() -> int:
     """Processes in the launch (mpiexec/srun), whether or not JAX joined them."""
     from jaxpar.distributed import mpi_rank
@@ -132,7 +131,8 @@ def _mpi_ranks() -> int:
 
 
 def environment() -> dict[str, Any]:
-    """The machine and software behind a result (device kind and count, processes, cores)."""
+    """The machine and software behind a result (device kind and count, processes, cores),
+    the revision its run started from and the data it read (`capture_provenance`)."""
     import flax
     import jax
     import optax
@@ -161,7 +161,7 @@ def environment() -> dict[str, Any]:
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "host": platform.node(),
         "platform": platform.platform(),
-        "git_revision": git_revision(),
+        **provenance.environment_fields(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 

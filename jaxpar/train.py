@@ -29,7 +29,7 @@ from jaxpar.config import ConfigError, TrainConfig, to_dict
 from jaxpar.models import make_model
 from jaxpar.optim import make_optimizer
 from jaxpar.parallel import STRATEGIES
-from jaxpar.results import RunResult, environment
+from jaxpar.results import RunResult, capture_provenance, environment
 from jaxpar.step import summarize
 
 
@@ -119,6 +119,7 @@ def fit(config: TrainConfig, console=None) -> Outcome:
       console: a rich Console for epoch lines (None: quiet).
     """
     wall_start = time.perf_counter()
+    capture_provenance(config.data)  # the revision and data this run starts from
     strategy = make_strategy(config)
     check_target(config)
     if config.resume and not config.checkpoint_dir:

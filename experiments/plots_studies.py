@@ -1,0 +1,255 @@
+"""Figures of the pipeline, batch-size, hparam and time-to-accuracy studies, drawn only from
+their results files (helpers and house style: experiments/plots.py).
+
+    python -m experiments figures --data figures/data --out figures
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from experiments.plots import REGIMES, legend_below, plain_log_axis, save, scaling_regimes, strategy_style
+from jaxpar.parallel import schedules
+
+SCHEDULE_STYLE = {"gpipe": dict(color="C0", marker="o"), "1f1b": dict(color="C1", marker="s")}
+
+
+def pipeline_bubble(result: dict, out: Path) -> Path:
+    """2x2 panels against micro-batches M, GPipe vs 1F1B: the bubble of the schedule tables
+    with (S-1)/(M+S-1); measured images/s; micro-batches held at once on the fullest stage
+    (stage 0), with every stage's count at the M whose tables the file stores; temporary
+    memory per device (XLA's memory analysis of the compiled step).
+
+    Args:
+        result: the RunResult dict written by experiments/pipeline_study.py (pipeline.json).
+        out: folder for pipeline_bubble.png.
+    """
+    data, cfg = result["metrics"], result["config"]
+    fig, axes = plt.subplots(2, 2, figsize=(10, 8))
+    (bub, tput), (flight, mem) = axes
+    for name, style in SCHEDULE_STYLE.items():
+        rows = [r for r in data["rows"] if r["schedule"] == name]
+        ms = [r["M"] for r in rows]
+        kw = dict(label=name, mfc="none", mew=1.5, ms=8 if name == "gpipe" else 6, **style)
+        bub.plot(ms, [r["bubble"] for r in rows], ls="none", **kw)
+        flight.plot(ms, [r["peak_in_flight"] for r in rows], ls="-", **kw)
+        timed = [r for r in rows if r.get("images_per_sec")]
+        tput.plot([r["M"] for r in timed], [r["images_per_sec"] for r in timed], ls="-", **kw)
+        mem.plot([r["M"] for r in timed], [r["temp_bytes"] / 2 ** 20 for r in timed], ls="-", **kw)
+    theory = sorted({(r["M"], r["theory"]) for r in data["rows"]})
+    bub.plot(*zip(*theory), "k--", lw=1, label="(S-1)/(M+S-1)")
+    per_stage = []
+    for name, table in data.get("tables", {}).items():  # every stage, from the stored tables
+        counts = schedules.peak_in_flight(table["table"])
+        per_stage.append(f"{name}, M={table['M']}: " + ", ".join(map(str, counts)))
+    if per_stage:
+        flight.text(0.03, 0.97, "per stage 0..S-1\n" + "\n".join(per_stage), transform=flight.transAxes,
+                    va="top", fontsize=8, bbox=dict(fc="white", ec="0.8"))
+    for ax, title, label in ((bub, "Bubble (from the schedule tables)", "idle share of stage-slots"),
+                             (tput, "Throughput (measured)", "images/s"),
+                             (flight, "Micro-batches held at once, fullest stage (stage 0)", "micro-batches"),
+                             (mem, "Temporary memory per device (measured)", "MiB")):
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(label)
+    flight.set_yscale("log", base=2)
+    plain_log_axis(flight.yaxis, base=2, between=False)
+    ms_all = sorted({r["M"] for r in data["rows"]})
+    for a in axes.flat:
+        a.set_xscale("log", base=2)
+        a.set_xticks(ms_all, [str(m) for m in ms_all])
+        a.set_xlim(ms_all[0] / 1.3, ms_all[-1] * 1.3)
+        a.set_xlabel("micro-batches M")
+        a.grid(True, alpha=0.3)
+    for a in (tput, mem):
+        if not any(r.get("images_per_sec") for r in data["rows"]):
+            a.text(0.5, 0.5, "not measured (--no-measure)", ha="center", transform=a.transAxes)
+    env = data.get("point_env") or result.get("env", {})
+    fig.suptitle(f"Pipeline, S={data['stages']} stages on {data['stages']} simulated CPU devices sharing "
+                 f"{env.get('cpu_cores', '?')} cores; stack-mlp width {cfg.get('width')} x "
+                 f"{cfg.get('depth')} blocks, batch {cfg.get('batch_size')}", fontsize=10)
+    fig.tight_layout()
+    handles, labels = bub.get_legend_handles_labels()
+    legend_below(fig, handles, labels)
+    return save(fig, out / "pipeline_bubble.png")
+
+
+def pipeline_schedule(result: dict, out: Path) -> Path:
+    """GPipe-paper-style picture: stages as rows, one F/B micro-batch block per slot."""
+    data = result["metrics"]
+    names = list(data["tables"])
+    fig, axes = plt.subplots(len(names), 1, figsize=(12, 1.4 + 0.55 * data["stages"] * len(names)))
+    for ax, name in zip(axes, names):
+        table = data["tables"][name]["table"]
+        for t, row in enumerate(table):
+            for s, slot in enumerate(row):
+                if slot:
+                    kind, m = slot
+                    ax.add_patch(plt.Rectangle((t, s), 1, 1, ec="k", fc="#8ecae6" if kind == "F" else "#ffb703"))
+                    ax.text(t + 0.5, s + 0.5, f"{kind}{m}", ha="center", va="center", fontsize=7)
+        ax.set_xlim(0, len(table))
+        ax.set_ylim(data["stages"], 0)
+        ax.set_xticks([t + 0.5 for t in range(len(table))], [str(t) for t in range(len(table))], fontsize=7)
+        ax.set_yticks([s + 0.5 for s in range(data["stages"])],
+                      [f"stage {s} (device {s})" for s in range(data["stages"])])
+        idle = schedules.bubble_fraction(table)
+        ax.set_title(f"{name}, S={data['stages']}, M={data['tables'][name]['M']}: {len(table)} slots, "
+                     f"{idle:.0%} of stage-slots idle (blank = bubble)", fontsize=10)
+    axes[-1].set_xlabel("time slot (one forward F or backward B of one micro-batch on one stage)")
+    fig.tight_layout()
+    return save(fig, out / "pipeline_schedule.png")
+
+
+def hparam_speedup(result: dict, out: Path) -> Path:
+    """Left: training wall time of the search (compilation hatched on top), one trial after
+    another vs vmapped trials, per (width, depth) group, with the speed-up. Right: every
+    trial's validation accuracy per group, the same trial one by one, the best one starred
+    (its configuration under the axis).
+
+    Args:
+        result: the RunResult dict written by experiments/hparam.py (hparam.json).
+        out: folder for hparam_speedup.png.
+    """
+    cfg, env, groups = result["config"], result["env"], result["metrics"]["groups"]
+    x = list(range(len(groups)))
+    names = [f"width {g['width']}\ndepth {g['depth']}" for g in groups]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5))
+    for dx, kind, label, color in ((-0.2, "sequential", "one by one", "C0"),
+                                   (0.2, "vmapped", "vmapped trials", "C1")):
+        run = [g[f"{kind}_s"] for g in groups]
+        comp = [g[f"{kind}_compile_s"] for g in groups]
+        ax.bar([i + dx for i in x], run, 0.4, color=color, label=f"{label}: training")
+        ax.bar([i + dx for i in x], comp, 0.4, bottom=run, color=color, alpha=0.35, hatch="//",
+               label=f"{label}: compilation")
+    for i, g in zip(x, groups):
+        top = max(g["sequential_s"] + g["sequential_compile_s"], g["vmapped_s"] + g["vmapped_compile_s"])
+        ax.text(i, top, f"{g['speedup']:.2f}x", ha="center", va="bottom", fontsize=9)
+    ax.set_xticks(x, names)
+    ax.set_ylabel("wall time (s)")
+    ax.margins(y=0.12)
+    ax.set_title(f"Search time; speed-up of training above the bars ({groups[0]['trials']} trials "
+                 f"per group, {cfg['steps']} steps of batch {cfg['batch_size']})", fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+    for i, g in zip(x, groups):
+        acc = g["val_accuracy"]
+        xs = [i + 0.3 * (k / max(len(acc) - 1, 1) - 0.5) for k in range(len(acc))]
+        ax2.plot(xs, acc, "o", color="C2", alpha=0.6, label="trial (vmapped)" if i == 0 else None)
+        ax2.plot(xs, g["val_accuracy_sequential"], "o", mfc="none", color="k", ms=8, mew=0.6,
+                 label="same trial, one by one" if i == 0 else None)
+        ax2.plot(i, g["best"]["val_accuracy"], "*", ms=14, color="C3", label="best of group" if i == 0 else None)
+    best = [f"{n}\nbest: lr {g['best']['lr']:g}, m {g['best']['momentum']:g},\nseed {g['best']['seed']}: "
+            f"{g['best']['val_accuracy']:.3f}" for n, g in zip(names, groups)]
+    ax2.set_xticks(x, best, fontsize=8)
+    ax2.set_xlim(-0.6, len(groups) - 0.4)
+    ax2.set_ylabel("validation accuracy after training")
+    ax2.set_title(f"Every trial ({cfg['dataset']}, {cfg['val_size']} validation examples)", fontsize=9)
+    ax2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3, frameon=False)
+    fig.suptitle(f"hparam search: vmapped trial axis over {cfg.get('devices_used', env.get('device_count', '?'))} "
+                 f"{env.get('device_kind', '?')} device(s), {env.get('cpu_cores', '?')} CPU cores; jax "
+                 f"{env.get('jax', '?')}", fontsize=10)
+    fig.tight_layout()
+    return save(fig, out / "hparam_speedup.png")
+
+
+def batch_size(result: dict, out: Path) -> Path:
+    """Steps and examples to the target validation error against batch size (log-log), with
+    the perfect-scaling line through the fewest examples, the 1.25x band that defines the
+    perfect regime, and each point's regime shaded (`scaling_regimes`)."""
+    rows = [r for r in result["metrics"]["rows"] if r["reached"]]
+    cfg, env = result["config"], result["env"]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    if rows:
+        bs, steps = [r["batch_size"] for r in rows], [r["steps"] for r in rows]
+        regimes = scaling_regimes(bs, steps)
+        edges = [bs[0] / 2 ** 0.5] + [(a * b) ** 0.5 for a, b in zip(bs, bs[1:])] + [bs[-1] * 2 ** 0.5]
+        for a in (ax, ax2):
+            for lo, hi, name in zip(edges, edges[1:], regimes):
+                a.axvspan(lo, hi, color=REGIMES[name], zorder=0)
+        fewest = min(s * b for s, b in zip(steps, bs))
+        ax.plot(bs, [fewest / b for b in bs], "k--", lw=1)
+        ax.plot(bs, steps, "o-", color="C0")
+        ax2.plot(bs, [r["examples"] for r in rows], "o-", color="C0")
+        ax2.axhline(fewest, color="k", ls="--", lw=1)
+        ax2.axhline(1.25 * fewest, color="k", ls=":", lw=1)
+        for b, e in zip(bs, (r["examples"] for r in rows)):
+            ax2.annotate(f"{e / fewest:.2f}x", (b, e), textcoords="offset points", xytext=(0, 6),
+                         ha="center", fontsize=7)
+    missed = [r["batch_size"] for r in result["metrics"]["rows"] if not r["reached"]]
+    for a in (ax, ax2):
+        a.set_xscale("log", base=2)
+        a.set_yscale("log")
+        a.set_xlabel("batch size")
+    ax.set_title("Steps to the target", fontsize=10)
+    ax.set_ylabel(f"steps to {result['metrics']['target_error']:.2f} validation error")
+    ax2.set_title("Examples to the target (x the fewest)", fontsize=10)
+    ax2.set_ylabel("examples (steps x batch size)")
+    handles = [plt.Line2D([], [], color="C0", marker="o", label="measured (best trial of the grid)"),
+               plt.Line2D([], [], color="k", ls="--", label="perfect scaling (fewest examples)"),
+               plt.Line2D([], [], color="k", ls=":", label="1.25x the fewest: perfect-regime cut-off")]
+    used = list(dict.fromkeys(regimes)) if rows else []
+    handles += [plt.Rectangle((0, 0), 1, 1, fc=REGIMES[n], ec="0.7", label=n) for n in used]
+    model = cfg["model"]
+    if model == "mlp":
+        model += f" {cfg.get('width', '')}x{cfg.get('depth', '')}"
+    note = f"; not reached within budget: {missed}" if missed else ""
+    fig.suptitle(f"{cfg['dataset']}, {model}, momentum SGD, {len(cfg['trials'])} (lr, momentum) trials per "
+                 f"batch size; {env.get('cpu_cores', '?')} CPU cores{note}", fontsize=10)
+    fig.tight_layout()
+    legend_below(fig, handles, [h.get_label() for h in handles], ncol=4)
+    return save(fig, out / "batch_size.png")
+
+
+def time_to_accuracy(data: dict, out: Path) -> Path:
+    """Training time to the target validation accuracy, bars grouped by model (one per
+    strategy, steps written on each), and validation accuracy against training time per model.
+
+    Args:
+        data: the RunResult dict written by experiments/time_to_accuracy.py.
+        out: folder for time_to_accuracy.png.
+    """
+    rows, env, cfg = data["metrics"]["rows"], data["env"], data["config"]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+    style = strategy_style(strategies)
+    fig, axes = plt.subplots(1, 1 + len(models), figsize=(4.2 * (1 + len(models)), 4.2), squeeze=False)
+    bars, width = axes[0][0], 0.8 / len(strategies)
+    for i, model in enumerate(models):
+        for j, name in enumerate(strategies):
+            r = next((r for r in rows if r["model"] == model and r["strategy"] == name), None)
+            if r is None:
+                continue
+            x = i - 0.4 + (j + 0.5) * width
+            if r["reached"]:
+                bars.bar(x, r["time_s"], width, color=style[name]["color"],
+                         hatch="//" if r.get("batch_norm_per_shard") else None)
+                bars.text(x, r["time_s"], f"{r['steps']}", ha="center", va="bottom", fontsize=7)
+            else:
+                bars.text(x, 0, "not\nreached", ha="center", va="bottom", fontsize=7, color=style[name]["color"])
+    bars.set_xticks(range(len(models)),
+                    [f"{m}\ntarget {next(r['target'] for r in rows if r['model'] == m):.2f}" for m in models])
+    bars.set_ylabel("training time to target (s)")
+    bars.set_title("Time to target (steps on the bars)", fontsize=9)
+    for ax, model in zip(axes[0][1:], models):
+        here = [r for r in rows if r["model"] == model]
+        for r in here:
+            c = r["curve"]
+            ax.plot([p["train_s"] for p in c], [p["val_accuracy"] for p in c], color=style[r["strategy"]]["color"],
+                    marker=style[r["strategy"]]["marker"], ls=style[r["strategy"]]["ls"], ms=4)
+        ax.axhline(here[0]["target"], color="k", ls="--", lw=1)
+        ax.set_xlabel("training time (s)")
+        ax.set_ylabel("validation accuracy")
+        ax.set_title(f"{model}: validation accuracy while training", fontsize=9)
+    handles = [plt.Line2D([], [], color=style[n]["color"], marker=style[n]["marker"], ls=style[n]["ls"])
+               for n in strategies] + [plt.Line2D([], [], color="k", ls="--", lw=1)]
+    labels = strategies + ["target"]
+    if any(r.get("batch_norm_per_shard") for r in rows):
+        handles.append(plt.Rectangle((0, 0), 1, 1, fc="white", ec="k", hatch="//"))
+        labels.append("per-shard batch norm (trajectory may differ)")
+    fig.suptitle(f"Time to a validation-accuracy target (compilation and validation excluded): global "
+                 f"batch {cfg['batch_size']}, seed {cfg['seed']}, validation every {cfg['eval_every']} steps; "
+                 f"{env.get('cpu_cores', '?')} CPU cores shared by the simulated devices; jax "
+                 f"{env.get('jax', '?')}", fontsize=9)
+    fig.tight_layout()
+    legend_below(fig, handles, labels, ncol=len(labels))
+    return save(fig, out / "time_to_accuracy.png")
