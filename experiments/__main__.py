@@ -34,10 +34,10 @@ COMMANDS = {
     **{name: {"help": s.help, "config": False, "options": s.config, "quick": s.quick}
        for name, s in STUDIES.items()},
     "figures": {"help": "redraw every figure from results files (--data) into --out",
-                "config": False, "extra": figures.add_flags},
+                "config": False, "options": figures.FiguresOptions},
     "report": {"help": "write every results table in README.md and docs/ from results files "
                        "(--data); --check fails naming stale tables", "config": False,
-               "extra": docs_report.add_flags},
+               "options": docs_report.ReportOptions},
     "prepare-data": {"help": "prepare a dataset ahead of time (for offline machines and clusters)",
                      "config": {"dataset", "data_dir", "cache_dir"}},
 }
@@ -58,8 +58,9 @@ def run(argv: list[str]) -> int:
             config = options_from_args(args, study.quick if args.quick else study.config())
             return 0 if study.run(config) is not None else 1
         if args.command in ("figures", "report"):
-            tool = figures if args.command == "figures" else docs_report
-            return 0 if tool.run(args) is not None else 1
+            tool, options = ((figures, figures.FiguresOptions()) if args.command == "figures"
+                             else (docs_report, docs_report.ReportOptions()))
+            return 0 if tool.run(options_from_args(args, options)) is not None else 1
         return _dispatch(args, Console(stderr=False))
     except Interrupted as e:  # SIGTERM / Ctrl-C after saving a checkpoint
         print(str(e), file=sys.stderr)

@@ -10,11 +10,12 @@ missing, or holds no study's results, exits 2.
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from experiments import plots, plots_studies, sources
+from experiments.options import option
 from jaxpar.errors import ResultsError
 
 # (source in experiments.sources, the figures drawn from it: (PNG name, draw function))
@@ -29,9 +30,10 @@ FIGURES = (
 )
 
 
-def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", default="figures/data", help="results folder (default: figures/data)")
-    p.add_argument("--out", default="figures", help="PNG folder (default: figures)")
+@dataclass(frozen=True)
+class FiguresOptions:
+    data: str = option("figures/data", "results folder")
+    out: str = option("figures", "PNG folder")
 
 
 def redraw(data_dir: str | Path, out_dir: str | Path) -> tuple[list[Path], list[str]]:
@@ -64,7 +66,7 @@ def redraw(data_dir: str | Path, out_dir: str | Path) -> tuple[list[Path], list[
     return paths, notes
 
 
-def run(args: argparse.Namespace) -> list[Path]:
+def run(args: FiguresOptions) -> list[Path]:
     paths, notes = redraw(args.data, args.out)
     for p in paths:
         print(f"wrote {p}")

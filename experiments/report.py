@@ -17,11 +17,12 @@ naming it (and writes nothing).
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.options import option
 from experiments.tables import TABLES
 from jaxpar.errors import ConfigError
 from jaxpar.results import write_atomic
@@ -31,11 +32,11 @@ _BLOCK = re.compile(r"^(<!-- report:([\w\-]+) -->\n)(.*?)^(<!-- /report:\2 -->)$
 _OPEN = re.compile(r"^<!-- report:([\w\-]+) -->$", re.M)
 
 
-def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", default="figures/data", help="results folder (default: figures/data)")
-    p.add_argument("--root", default=".", help="folder holding README.md and docs/ (default: .)")
-    p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 naming each table that differs from the results")
+@dataclass(frozen=True)
+class ReportOptions:
+    data: str = option("figures/data", "results folder")
+    root: str = option(".", "folder holding README.md and docs/")
+    check: bool = option(False, "write nothing; exit 1 naming each table that differs from the results")
 
 
 def documents(root: Path) -> list[Path]:
@@ -83,7 +84,7 @@ def report(root: Path, data_dir: Path, check: bool) -> list[str]:
     return stale
 
 
-def run(args: argparse.Namespace) -> list[str] | None:
+def run(args: ReportOptions) -> list[str] | None:
     """The CLI: the tables rewritten (or found current), or None when `--check` found stale
     ones (the CLI's exit status 1, as for a study that failed)."""
     root = Path(args.root)
