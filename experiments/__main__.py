@@ -22,6 +22,7 @@ from jaxpar.errors import ConfigError, UserError
 from jaxpar.mesh import simulate_cpu_devices
 from jaxpar.parallel import STRATEGIES
 from jaxpar.train import train
+from jaxpar.validate import validate
 from rich.console import Console
 
 
@@ -112,10 +113,11 @@ def _dispatch(args, config, console) -> int:
     out = config.out
     if args.command == "train" and out is None:
         out = f"results/{config.model.model}-{config.parallel.strategy}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if out is not None:
-        results.ensure_writable(out)  # fail before the work, not after it
     simulate_cpu_devices(config.parallel.devices)  # before JAX's backend starts
     distributed.setup(_distributed_mode(config), config.parallel.single_thread)
+    validate(config)  # every option and combination, before any work or write
+    if out is not None:
+        results.ensure_writable(out)  # fail before the work, not after it
     main = distributed.is_main()  # only rank 0 prints and writes results
 
     if args.command == "train":

@@ -13,6 +13,8 @@ import sys
 
 from jaxpar.errors import ConfigError
 
+MODES = ("auto", "mpi", "slurm", "none")  # --distributed
+
 # Short on purpose: a missing or dead rank must end the job in tens of seconds, not JAX's
 # default 300 s initialisation / 100 s heartbeat / 300 s shutdown.
 INIT_TIMEOUT_S = 30
@@ -95,7 +97,7 @@ def initialize(mode: str) -> None:
         jax.distributed.initialize(**timeouts)  # JAX reads SLURM's environment itself
         return
     if kind != "mpi":
-        raise ConfigError(f"--distributed {mode!r}: choose auto, mpi, slurm or none")
+        raise ConfigError(f"--distributed {mode!r}: choose {', '.join(MODES)}")
     from jaxpar.parallel.mpi_common import import_mpi
 
     MPI, _ = import_mpi()

@@ -28,15 +28,7 @@ class DataParallel(Strategy):
 
     family = "data parallel"
     default_axes = {meshlib.DATA: -1}
-
-    def make_mesh(self, devices):
-        mesh = super().make_mesh(devices)
-        extra = [a for a in mesh.axis_names if a != meshlib.DATA and mesh.shape[a] > 1]
-        if extra:
-            raise meshlib.MeshError(
-                f"--strategy {self.name} uses only the {meshlib.DATA} axis; drop "
-                f"{', '.join(extra)} from --mesh (or use --strategy hybrid)")
-        return mesh
+    options = ("accumulate",)
 
     def _setup(self, model, tx, mesh):
         """Common part of `init`: remember mesh and optimizer, split the model."""

@@ -37,6 +37,15 @@ class LocalSGD(DataParallel):
     summary = ("each replica takes `--sync-every k` steps on its own shard, then parameters "
                "are averaged")
     multiprocess = True  # per-replica state over one global mesh under jax.distributed
+    options = ("accumulate", "sync_every")
+
+    @classmethod
+    def check(cls, config, axes):
+        n, batch = axes.get(DATA, 1), config.data.batch_size
+        if batch % n:
+            return [f"--strategy local-sgd needs a --batch-size divisible by the {n} replicas "
+                    f"(each averages over its own shard); got --batch-size {batch}."]
+        return []
 
     def init(self, model, tx, mesh):
         params, model_state = self._setup(model, tx, mesh)

@@ -30,9 +30,14 @@ class MpiAllreduce(Strategy):
     default_axes = {meshlib.DATA: 1}
     uses_mpi = True  # ranks are joined by MPI itself, not jax.distributed
 
+    axes = ()  # one device per rank; the ranks are the data axis, joined by MPI
+
     @classmethod
-    def default_mesh(cls, devices):
-        return {meshlib.DATA: 1}  # one device per rank
+    def mesh_axes(cls, spec, devices):
+        if any(size not in (1, -1) for size in meshlib.parse_mesh(spec).values()):
+            raise meshlib.MeshError(f"--strategy {cls.name} runs one device per MPI rank; drop "
+                                    f"--mesh {spec!r} (launch more ranks with mpiexec -n)")
+        return {meshlib.DATA: 1}
 
     def __init__(self, config):
         super().__init__(config)
@@ -44,7 +49,7 @@ class MpiAllreduce(Strategy):
         # One local device per rank; the ranks are the data axis, joined by MPI. (Under
         # jax.distributed `devices` is global: take this process's own.)
         local = [d for d in devices if d.process_index == jax.process_index()]
-        return meshlib.make_mesh({meshlib.DATA: 1}, local[:1])
+        return meshlib.make_mesh(self.mesh_axes(self.config.parallel.mesh, 1), local[:1])
 
     def init(self, model, tx, mesh):
         self.mesh, self.tx = mesh, tx
