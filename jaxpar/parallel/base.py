@@ -80,6 +80,8 @@ class Strategy:
     @classmethod
     def default_mesh(cls, devices: int) -> dict[str, int]:
         """The axis sizes this strategy uses on `devices` devices when --mesh is not given."""
+        if not cls.axes:
+            return dict(cls.default_axes)  # one device (the first), however many are present
         return meshlib.resolve_axes(dict(cls.default_axes), devices)
 
     @classmethod
@@ -94,8 +96,9 @@ class Strategy:
         if unused:
             uses = (f"the {' and '.join(cls.axes)} ax{'es' if len(cls.axes) > 1 else 'is'}"
                     if cls.axes else "one device")
+            example = ",".join(f"{a}=N" for a in cls.axes)
             raise meshlib.MeshError(f"--strategy {cls.name} uses {uses}; drop "
-                                    f"{', '.join(unused)} from --mesh {spec!r}")
+                                    f"{', '.join(unused)} from --mesh {spec!r} (e.g. --mesh {example})")
         return meshlib.resolve_axes(axes, devices)
 
     def __init__(self, config: TrainConfig):
