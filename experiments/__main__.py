@@ -94,7 +94,7 @@ def run(argv: list[str]) -> int:
         print(str(e), file=sys.stderr)
         return e.exit_code
     except USER_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
+        distributed.report_user_error(str(e), EXIT_USAGE)  # once per job under mpiexec
         return EXIT_USAGE
 
 
