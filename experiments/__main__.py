@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 from experiments import (batch_size, figures, hparam, pipeline_study, scaling, strategies,
                          time_to_accuracy)
+import jax
+
 from experiments.cli import BENCH, build_parser, config_from_args
 from jaxpar import data, distributed, results
 from jaxpar.bench import benchmark, report
@@ -96,6 +99,14 @@ def run(argv: list[str]) -> int:
     except USER_ERRORS as e:
         distributed.report_user_error(str(e), EXIT_USAGE)  # once per job under mpiexec
         return EXIT_USAGE
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        distributed.report_user_error(
+            f"the run ran out of device memory ({str(e).splitlines()[0][:200]}); lower "
+            "--batch-size, --eval-batch-size, --width or --depth, or spread the model over more "
+            "devices (--strategy fsdp, tensor, pipeline)", EXIT_USAGE)
+        return EXIT_USAGE
 
 
 def _dispatch(args, config, console) -> int:
@@ -116,20 +127,37 @@ def _dispatch(args, config, console) -> int:
     simulate_cpu_devices(config.parallel.devices)  # before JAX's backend starts
     distributed.setup(_distributed_mode(config), config.parallel.single_thread)
     validate(config)  # every option and combination, before any work or write
+    created = out is not None and not Path(out).exists()
     if out is not None:
         results.ensure_writable(out)  # fail before the work, not after it
     main = distributed.is_main()  # only rank 0 prints and writes results
 
-    if args.command == "train":
-        result = train(config, console=console if main else None)
-    else:
-        result = benchmark(config, iters=args.iters, warmup=args.warmup,
-                           matmul_peak=args.matmul_peak)
-        if main:
-            console.print(report(result))
+    try:
+        result = _work(args, config, console, main)
+    except BaseException:
+        if created:
+            _remove_if_empty(Path(out))  # a failed run leaves no folder behind
+        raise
     if out is not None and main:
         console.print(f"wrote {results.save(result, out)}")
     return 0
+
+
+def _work(args, config, console, main: bool):
+    """The command's work: train, or bench and print its report."""
+    if args.command == "train":
+        return train(config, console=console if main else None)
+    result = benchmark(config, iters=args.iters, warmup=args.warmup, matmul_peak=args.matmul_peak)
+    if main:
+        console.print(report(result))
+    return result
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # not empty (a checkpoint, a partial result of the run): leave it
 
 
 def main() -> None:

@@ -25,6 +25,13 @@ def _choices() -> dict[str, tuple[str, ...]]:
 _TYPES = {"int": int, "float": float, "str": str}
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a bad flag or value reported in one line (not the whole usage text)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
+
+
 def add_config_flags(parser: argparse.ArgumentParser, only: set[str] | None = None,
                      defaults: dict | None = None) -> None:
     """Add one flag per config field (or per field in `only`), grouped by section.
@@ -69,7 +76,7 @@ def build_parser(commands: dict[str, dict]) -> argparse.ArgumentParser:
       commands: name -> {'help', 'config' (set of field names or None for all, or False),
         'defaults', 'extra' (callable adding command-specific flags)}.
     """
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m experiments",
         description="Train image classifiers in parallel with JAX and measure what each kind "
                     "of parallelism buys.")

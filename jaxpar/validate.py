@@ -13,14 +13,18 @@ combinations: the strategy takes the model, the mesh fits the devices, and the s
 
 from __future__ import annotations
 
+import os
+
 import jax
+from flax import nnx
 
 from jaxpar import config as configlib
 from jaxpar.config import TrainConfig
 from jaxpar.data import DATASETS
 from jaxpar.distributed import MODES
 from jaxpar.errors import ConfigError, MeshError
-from jaxpar.models import ACTIVATIONS, MODELS, OPTIONS, takes
+from jaxpar import measure
+from jaxpar.models import ACTIVATIONS, MODELS, OPTIONS, make_model, takes
 from jaxpar.optim import OPTIMIZERS, SCHEDULES
 from jaxpar.parallel import STRATEGIES
 from jaxpar.parallel.schedules import SCHEDULES as PIPELINE_SCHEDULES
@@ -108,7 +112,30 @@ def combination_problems(config: TrainConfig, devices: int) -> list[str]:
         axes = strategy.mesh_axes(config.parallel.mesh, devices)
     except (ConfigError, MeshError) as e:
         return problems + [str(e).rstrip(".") + "."]
-    return problems + strategy.check(config, axes)
+    return problems + strategy.check(config, axes) + memory_problems(config)
+
+
+def memory_problems(config: TrainConfig) -> list[str]:
+    """A model whose parameters alone (shapes traced, nothing allocated) outgrow the memory of
+    one device: refused here rather than failing deep inside XLA's allocator."""
+    m = config.model
+    abstract = nnx.eval_shape(lambda: make_model(m.model, seed=0, depth=m.depth, width=m.width,
+                                                 activation=m.activation, batch_norm=m.batch_norm))
+    need = measure.tree_bytes(nnx.state(abstract, nnx.Param))
+    have = device_memory_bytes()
+    if need > have:
+        given = "".join(f" {flag(o)} {getattr(m, o)}" for o in ("width", "depth") if getattr(m, o))
+        return [f"--model {m.model}{given} has {need / 2**30:,.0f} GiB of parameters, more than "
+                f"one device's {have / 2**30:,.1f} GiB; lower --width or --depth."]
+    return []
+
+
+def device_memory_bytes() -> int:
+    """What one device can hold: the accelerator's own limit, or the host's RAM on a CPU."""
+    stats = jax.devices()[0].memory_stats() or {}
+    if "bytes_limit" in stats:
+        return int(stats["bytes_limit"])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def check_schedule(config: TrainConfig, total_steps: int) -> None:
