@@ -23,6 +23,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxpar import data as datalib
 from jaxpar import measure
 from jaxpar import mesh as meshlib
 from jaxpar.config import TrainConfig
@@ -122,6 +123,17 @@ class Strategy:
 
     def place_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         raise NotImplementedError
+
+    def rows_multiple(self) -> int:
+        """The number a placed batch's rows must be a multiple of (its data shards)."""
+        return 1
+
+    def pad(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Pad with weight-0 rows to a multiple of `rows_multiple`. Every strategy divides its
+        loss and metrics by weight totals, so padding changes neither: any batch, an uneven
+        last evaluation batch included, runs on any mesh."""
+        unit = self.rows_multiple()
+        return datalib.pad_batch(batch, -(-len(batch["label"]) // unit) * unit)
 
     # --- programs --------------------------------------------------------------------------
     def step(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:

@@ -24,7 +24,6 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import SingleDeviceSharding
 
-from jaxpar import mesh as meshlib
 from jaxpar import measure
 from jaxpar import step as steplib
 from jaxpar.mesh import STAGE

@@ -60,13 +60,6 @@ class LocalSGD(DataParallel):
                                                 out_specs=P(DATA)), donate_argnums=0)
         return self.state_from_reference(steplib.init_state(params, model_state, tx))
 
-    def pad(self, batch):
-        if len(batch["label"]) % self.n:
-            raise ConfigError(
-                f"--strategy local-sgd needs a --batch-size divisible by the {self.n} replicas "
-                f"(each averages its own shard), got {len(batch['label'])}")
-        return super().pad(batch)
-
     def _local_grads(self, state, batch):
         # Each replica minimises its own shard's mean loss: denominator = its own weight total.
         return accumulated_grads(state.params, self.graphdef, state.model_state, batch,

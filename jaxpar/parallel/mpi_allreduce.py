@@ -112,8 +112,12 @@ class MpiAllreduce(Strategy):
         return compiled, seconds
 
     # --- placement -----------------------------------------------------------------------
+    def rows_multiple(self) -> int:
+        return self.size  # ranks
+
     def place_batch(self, batch):
         """The global host batch -> this rank's rows on its device, plus the global weight total."""
+        batch = self.pad(batch)
         rows = mpi_common.rank_rows(len(batch["label"]), self.rank, self.size)
         local = {key: value[rows] for key, value in batch.items()}
         return jax.device_put({"local": local, "denom": mpi_common.global_weight(batch)}, self.device)

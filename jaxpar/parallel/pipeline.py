@@ -26,7 +26,6 @@ from flax import nnx
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxpar import mesh as meshlib
 from jaxpar import step as steplib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import DATA, STAGE
@@ -114,10 +113,15 @@ class Pipeline(Strategy):
         shardings = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), self.state_specs)
         return jax.device_put(pipe, shardings)
 
+    def rows_multiple(self) -> int:
+        # Training batches also cut into M micro-batches per shard (checked up front);
+        # evaluation runs one micro-batch, so its batches need only split over the shards.
+        return self.mesh.shape[self.data_axis] if self.data_axis else 1
+
     def place_batch(self, batch):
         # Every stage sees the batch (its data shard): stage 0 reads images, the last stage
         # labels and weights.
-        return jax.device_put(batch, self.batch_sharding)
+        return jax.device_put(self.pad(batch), self.batch_sharding)
 
     def gradients(self, state, batch):
         return self._to_ref(jax.device_get(self._call("gradients", state, batch)))

@@ -131,12 +131,11 @@ class _TensorBase(Strategy):
     def _build_programs(self) -> None:
         raise NotImplementedError
 
+    def rows_multiple(self) -> int:
+        return self.data
+
     def place_batch(self, batch):
-        n = len(batch["label"])
-        if n % self.data:
-            raise ConfigError(f"batch of {n} does not split over data={self.data}; change "
-                              "--batch-size (or --eval-batch-size) to a multiple of it")
-        return jax.device_put(batch, self.batch_sharding)
+        return jax.device_put(self.pad(batch), self.batch_sharding)
 
     def state_from_reference(self, ref):
         return jax.device_put(ref, self.shardings)
