@@ -3,8 +3,9 @@ Network Training"): steps to reach a target validation error versus batch size.
 
 For each batch size B (powers of two), a grid of learning rates x momenta (heavy-ball momentum
 SGD, constant learning rate, as in the paper's SGD-with-momentum runs) is trained *at once*:
-the hyperparameters are traced values (`optax.inject_hyperparams`), so every trial has the same
-shapes and one vmapped program trains them all on the same batches. Validation error is
+the hyperparameters are traced values, so every trial has the same shapes and one vmapped
+program (`experiments.trials`: jaxpar's train_step under jax.vmap, on the batches of
+jaxpar.data in the loop's order) trains them all on the same batches. Validation error is
 measured on a fixed geometric schedule (`--evals-per-octave` points per doubling of the step
 count); steps-to-target is the first evaluation at which the best trial reaches the target.
 Everything is seeded, so a re-run gives the same steps exactly.
@@ -14,48 +15,57 @@ Everything is seeded, so a re-run gives the same steps exactly.
 
 The default full run uses an MLP (784-256-10), not the paper's simple CNN: on 2 CPU cores the
 CNN would take many hours over this batch-size range. An MLP cannot reach the CNN's 0.10
-validation error on Fashion-MNIST within a short budget, so the default target is 0.12 (both
-flags can be changed).
+validation error on Fashion-MNIST within a short budget, so the default target is 0.12.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
+import itertools
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from experiments import options, trials
+from experiments.options import option
+from experiments.study import Study, at_least
 from jaxpar import results
+from jaxpar.config import DataConfig
+from jaxpar.data import Splits, load, synthetic
+from jaxpar.errors import ConfigError
+from jaxpar.models import make_model, takes
 
-SYNTHETIC_NOISE = 400.0
-DEFAULT_LRS = ",".join(f"{2.0 ** -k:g}" for k in range(9, -1, -1))  # 2^-9 .. 1
+SYNTHETIC_NOISE = 400.0  # noisier than the default synthetic set: a real curve
 
 
-def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="results/batch-size", help="output folder (default: results/batch-size)")
-    p.add_argument("--quick", action="store_true",
-                   help="synthetic data, tiny MLP, batch sizes 16..256, 4 trials (seconds)")
-    p.add_argument("--full-range", action="store_true",
-                   help="batch sizes 2^3..2^14 instead of 2^4..2^12 (several hours on 2 cores)")
-    p.add_argument("--dataset", default="fashion_mnist", choices=("fashion_mnist", "mnist", "synthetic"),
-                   help="dataset (default: fashion_mnist)")
-    p.add_argument("--model", default="mlp", choices=("mlp", "cnn"), help="model (default: mlp)")
-    p.add_argument("--width", type=int, default=256, help="MLP hidden width (default: 256)")
-    p.add_argument("--depth", type=int, default=1, help="MLP hidden layers (default: 1)")
-    p.add_argument("--batch-sizes", default=None,
-                   help="comma-separated powers of two (default: 16,32,...,4096)")
-    p.add_argument("--lrs", default=DEFAULT_LRS, help=f"learning-rate grid (default: {DEFAULT_LRS})")
-    p.add_argument("--momenta", default="0.9,0.99", help="momentum grid (default: 0.9,0.99)")
-    p.add_argument("--target-error", type=float, default=0.12, help="validation error to reach (default: 0.12)")
-    p.add_argument("--max-epochs", type=float, default=40,
-                   help="step budget per batch size, in epochs of the training split (default: 40)")
-    p.add_argument("--evals-per-octave", type=int, default=6,
-                   help="validations per doubling of the step count (default: 6)")
-    p.add_argument("--val-size", type=int, default=10000,
-                   help="validation examples carved (seeded) from train (default: 10000)")
-    p.add_argument("--seed", type=int, default=0, help="seeds the model, split and data order (default: 0)")
+@dataclass(frozen=True)
+class BatchSizeConfig:
+    out: str = options.out("batch-size")
+    dataset: str = options.train_option("dataset")
+    model: str = options.train_option("model", "mlp")  # an MLP: the CNN takes hours on 2 cores
+    width: int | None = options.train_option("width", 256)
+    depth: int | None = options.train_option("depth", 1)
+    batch_sizes: tuple[int, ...] | None = option(None, "powers of two (default: 16,32,...,4096; with --full-range 8,...,16384)")
+    full_range: bool = option(False, "batch sizes 2^3..2^14 instead of 2^4..2^12 (several hours on 2 cores)")
+    # 2^-9 .. 1, written as --lrs prints them (6 significant digits)
+    lrs: tuple[float, ...] = option(tuple(float(f"{2.0 ** -k:g}") for k in range(9, -1, -1)), "learning-rate grid")
+    momenta: tuple[float, ...] = option((0.9, 0.99), "momentum grid")
+    target_error: float = option(0.12, "validation error to reach, in (0, 1)")
+    max_epochs: int = options.max_epochs()
+    evals_per_octave: int = option(6, "validations per doubling of the step count")
+    val_size: int = options.val_size()
+    seed: int = options.seed()
+
+
+# Synthetic data, a tiny MLP, batch sizes 16..256, 4 trials: seconds.
+QUICK = dataclasses.replace(BatchSizeConfig(), dataset="synthetic", width=32, max_epochs=3,
+                            val_size=2000, evals_per_octave=4, lrs=(0.003, 0.01, 0.03, 0.1),
+                            momenta=(0.9,), batch_sizes=(16, 32, 64, 128, 256))
 
 
 def eval_schedule(max_steps: int, per_octave: int) -> list[int]:
@@ -86,88 +96,52 @@ def _chunks(n: int, largest: int = 64) -> list[int]:
     return out
 
 
-class _Order:
-    """Step -> example indices: a fresh seeded permutation each epoch, last partial batch dropped
-    (the order jaxpar.data.train_batches uses)."""
-
-    def __init__(self, n: int, batch: int, seed: int):
-        self.n, self.batch, self.seed = n, batch, seed
-        self.per_epoch = n // batch
-        self._perm: dict[int, np.ndarray] = {}
-
-    def indices(self, first: int, count: int) -> np.ndarray:
-        rows = []
-        for step in range(first, first + count):
-            epoch, pos = divmod(step, self.per_epoch)
-            if epoch not in self._perm:
-                self._perm = {epoch: np.random.default_rng([self.seed, epoch]).permutation(self.n)}
-            rows.append(self._perm[epoch][pos * self.batch:(pos + 1) * self.batch])
-        return np.stack(rows).astype(np.int32)
-
-
-def _programs(graphdef, tx):
-    """(train_chunk, val_error): jitted, vmapped over the trial axis of the state."""
-    import jax
-    import jax.numpy as jnp
-
-    from jaxpar.step import eval_step, train_step
-
-    def train_chunk(states, images, labels, idx):  # idx [L, B]: one row of indices per step
-        def body(st, rows):
-            batch = {"image": images[rows], "label": labels[rows],
-                     "weight": jnp.ones(rows.shape, jnp.float32)}
-            st, _ = jax.vmap(lambda s: train_step(graphdef, tx, s, batch))(st)
-            return st, None
-        return jax.lax.scan(body, states, idx)[0]
+def _val_error(graphdef):
+    """Each trial's validation error on the whole split; a diverged trial (NaN logits) counts
+    as wrong everywhere, not as a NaN minimum."""
+    evaluate = trials.vmap_trials(trials.eval_step(graphdef))
 
     def val_error(states, images, labels):
-        batch = {"image": images, "label": labels, "weight": jnp.ones(labels.shape, jnp.float32)}
-        sums = jax.vmap(lambda s: eval_step(graphdef, s, batch))(states)
-        err = 1.0 - sums["correct"] / sums["count"]
-        # A diverged trial (NaN logits) counts as wrong everywhere, not as a NaN minimum.
-        return jnp.where(jnp.isfinite(sums["loss_sum"]), err, 1.0)
+        sums = evaluate(states, {"image": images, "label": labels,
+                                 "weight": jnp.ones(labels.shape, jnp.float32)})
+        return jnp.where(jnp.isfinite(sums["loss_sum"]), 1.0 - sums["correct"] / sums["count"], 1.0)
 
-    return jax.jit(train_chunk, donate_argnums=0), jax.jit(val_error)
+    return jax.jit(val_error)
 
 
-def run_batch_size(splits, batch: int, trials: list[tuple[float, float]], args,
-                   max_steps: int) -> dict:
+def _states(config: BatchSizeConfig, grid: list[tuple[float, float]]):
+    """(graphdef, stacked states): one model (the seed's), one trial per (lr, momentum)."""
+    sizes = {k: getattr(config, k) for k in ("width", "depth") if k in takes(config.model)}
+    model = make_model(config.model, seed=config.seed, **sizes)
+    pairs = [trials.trial_state(model, trials.TX, lr, m) for lr, m in grid]
+    return pairs[0][0], jax.device_put(trials.stack([s for _, s in pairs]))
+
+
+def run_batch_size(splits: Splits, batch: int, grid: list[tuple[float, float]],
+                   config: BatchSizeConfig, max_steps: int) -> dict:
     """Train every (lr, momentum) trial at batch size `batch` until the best trial's validation
     error reaches the target or `max_steps` pass; returns the row for this batch size."""
-    import jax
-    import optax
-
-    from jaxpar.models import make_model
-    from jaxpar.step import init_state, split_model
-
-    kw = {"width": args.width, "depth": args.depth} if args.model == "mlp" else {}
-    graphdef, params, rest = split_model(make_model(args.model, seed=args.seed, **kw))
-    tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.0, momentum=0.0)
-    one = init_state(params, rest, tx)
-    states = jax.tree.map(lambda x: np.stack([np.asarray(x)] * len(trials)), one)
-    hp = states.opt_state.hyperparams
-    hp["learning_rate"] = np.array([lr for lr, _ in trials], np.float32)
-    hp["momentum"] = np.array([m for _, m in trials], np.float32)
-    states = jax.device_put(states)
-    train_chunk, val_error = _programs(graphdef, tx)
+    graphdef, states = _states(config, grid)
+    train_chunk = jax.jit(trials.scan_steps(trials.train_step(graphdef, trials.TX)), donate_argnums=0)
+    val_error = _val_error(graphdef)
     images, labels = jax.device_put(splits.train[0]), jax.device_put(splits.train[1])
     val_images, val_labels = jax.device_put(splits.val[0]), jax.device_put(splits.val[1])
-    order = _Order(len(splits.train[1]), batch, args.seed)
+    order = trials.loop_indices(len(splits.train[1]), batch, config.seed)
 
     start, done, curve, reached = time.perf_counter(), 0, [], None
-    for point in eval_schedule(max_steps, args.evals_per_octave):
+    for point in eval_schedule(max_steps, config.evals_per_octave):
         for length in _chunks(point - done):
-            states = train_chunk(states, images, labels, order.indices(done, length))
+            states = train_chunk(states, images, labels, np.stack(list(itertools.islice(order, length))))
             done += length
         errors = np.asarray(val_error(states, val_images, val_labels))
         curve.append({"step": point, "best_error": float(errors.min()), "errors": errors.tolist()})
-        if errors.min() <= args.target_error:
+        if errors.min() <= config.target_error:
             reached = point
             break
     best = int(np.argmin(curve[-1]["errors"]))
     row = {"batch_size": batch, "reached": reached is not None, "steps": reached,
            "examples": reached * batch if reached else None, "budget_steps": max_steps,
-           "best_lr": trials[best][0], "best_momentum": trials[best][1],
+           "best_lr": grid[best][0], "best_momentum": grid[best][1],
            "best_error": curve[-1]["best_error"], "wall_s": time.perf_counter() - start,
            "curve": curve}
     status = f"{reached} steps" if reached else f"not reached in {max_steps} steps"
@@ -176,54 +150,46 @@ def run_batch_size(splits, batch: int, trials: list[tuple[float, float]], args,
     return row
 
 
-def _parse(args) -> tuple[list[int], list[tuple[float, float]]]:
-    if args.quick:
-        args.dataset, args.width, args.max_epochs, args.val_size = "synthetic", 32, 3, 2000
-        args.target_error, args.evals_per_octave = min(args.target_error, 0.12), 4
-        args.lrs, args.momenta = "0.003,0.01,0.03,0.1", "0.9"
-    if args.batch_sizes:
-        sizes = [int(b) for b in args.batch_sizes.split(",")]
-    elif args.quick:
-        sizes = [16, 32, 64, 128, 256]
-    else:
-        lo, hi = (3, 14) if args.full_range else (4, 12)
-        sizes = [2 ** k for k in range(lo, hi + 1)]
+def plan(config: BatchSizeConfig) -> tuple[list[int], list[tuple[float, float]]]:
+    """(batch sizes, the (lr, momentum) grid); checks the options before any work."""
+    lo, hi = (3, 14) if config.full_range else (4, 12)
+    sizes = list(config.batch_sizes or [2 ** k for k in range(lo, hi + 1)])
     bad = [b for b in sizes if b < 1 or b & (b - 1)]
     if bad:
-        raise ValueError(f"--batch-sizes must be powers of two, got {bad}")
-    if not 0 < args.target_error < 1:
-        raise ValueError(f"--target-error must be in (0, 1), got {args.target_error}")
-    if args.evals_per_octave < 1 or args.max_epochs <= 0:
-        raise ValueError("--evals-per-octave must be >= 1 and --max-epochs > 0")
-    lrs = [float(x) for x in args.lrs.split(",")]
-    moms = [float(x) for x in args.momenta.split(",")]
-    return sizes, [(lr, m) for m in moms for lr in lrs]
+        raise ConfigError(f"--batch-sizes must be powers of two, got {bad}")
+    if not 0 < config.target_error < 1:
+        raise ConfigError(f"--target-error must be in (0, 1), got {config.target_error}")
+    at_least(config, 1, "evals_per_octave", "max_epochs", "val_size")
+    return sizes, [(lr, m) for m in config.momenta for lr in config.lrs]
 
 
-def run(args: argparse.Namespace) -> list[Path]:
-    """Every batch size, smallest first; writes OUT/result.json (RunResult, kind 'batch-size')."""
-    from jaxpar.config import DataConfig
-    from jaxpar.data import Splits, load, synthetic
-
-    sizes, trials = _parse(args)
-    out = results.ensure_writable(args.out)  # fail before the work, not after it
-    data_cfg = DataConfig(dataset=args.dataset, val_size=args.val_size, batch_size=max(sizes),
-                          synthetic_size=12000)
-    if args.dataset == "synthetic":  # noisier than the default synthetic set: a real curve
+def _splits(config: BatchSizeConfig, largest: int) -> Splits:
+    if config.dataset == "synthetic":  # noisier than the default synthetic set: a real curve
         images, labels = synthetic(12000, seed=1, noise=SYNTHETIC_NOISE)
-        v = args.val_size
-        splits = Splits(train=(images[v:], labels[v:]), val=(images[:v], labels[:v]), test=None)
-    else:
-        splits = load(data_cfg, seed=args.seed)
+        v = config.val_size
+        return Splits(train=(images[v:], labels[v:]), val=(images[:v], labels[:v]), test=None)
+    return load(DataConfig(dataset=config.dataset, val_size=config.val_size, batch_size=largest),
+                seed=config.seed)
+
+
+def run(config: BatchSizeConfig) -> list[Path]:
+    """Every batch size, smallest first; writes OUT/result.json (RunResult, kind 'batch-size')."""
+    sizes, grid = plan(config)
+    out = results.ensure_writable(config.out)  # fail before the work, not after it
+    splits = _splits(config, max(sizes))
     n = len(splits.train[1])
-    print(f"{len(trials)} trials per batch size (lr x momentum), {n} training / "
-          f"{len(splits.val[1])} validation examples, target error {args.target_error}")
-    rows = [run_batch_size(splits, b, trials, args, max(1, math.ceil(args.max_epochs * n / b)))
+    print(f"{len(grid)} trials per batch size (lr x momentum), {n} training / "
+          f"{len(splits.val[1])} validation examples, target error {config.target_error}")
+    rows = [run_batch_size(splits, b, grid, config, max(1, math.ceil(config.max_epochs * n / b)))
             for b in sizes]
-    config = {k: v for k, v in vars(args).items() if k != "func"}
-    config.update(batch_sizes=sizes, trials=trials, train_examples=n)
-    result = results.RunResult(kind="batch-size", config=config, env=results.environment(),
-                               metrics={"target_error": args.target_error, "rows": rows})
+    record = {**dataclasses.asdict(config), "batch_sizes": sizes, "trials": grid, "train_examples": n}
+    result = results.RunResult(kind="batch-size", config=record, env=results.environment(),
+                               metrics={"target_error": config.target_error, "rows": rows})
     path = results.save(result, out)
     print(f"wrote {path}")
     return [path]
+
+
+STUDY = Study("batch-size", "steps to a target validation error vs batch size (Shallue et al. 2018), "
+                            "lr x momentum grid as vmapped trials; writes OUT/result.json",
+              BatchSizeConfig, QUICK, run)

@@ -1,28 +1,63 @@
-"""Command-line parsing: flags built from the config dataclasses, one flag per field.
+"""Command-line parsing: every flag generated from a frozen dataclass field, one flag per field.
 
-A field `batch_size` in `DataConfig` is the flag `--batch-size`; its default and help come
-from the field, so neither is written twice.
+A field `batch_size` is the flag `--batch-size`; its default, help and choices come from the
+field, so none is written twice. Two kinds of dataclass have flags:
+  - `TrainConfig` (sections data/model/optim/parallel flattened): `train`, `bench`, ...;
+  - flat option dataclasses (`BenchOptions`, each study's config): only the flags given on
+    the command line are applied, over the defaults or, with `--quick`, the study's preset.
+
+    python -m experiments scaling --help     # the scaling study's flags, from ScalingConfig
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from typing import Any
 
+from experiments.options import BenchOptions
 from jaxpar import config as configlib
+from jaxpar.errors import ConfigError
+# Fields whose values come from a fixed list (jaxpar.validate checks them for every run too).
+# A field names its list by its own name, or by `choices` in its metadata (study fields
+# listing models).
+from jaxpar.validate import CHOICES, flag
 
-def _choices() -> dict[str, tuple[str, ...]]:
-    """Fields whose values come from a fixed list; each list lives with the code using it."""
-    from jaxpar.data import DATASETS
-    from jaxpar.models import ACTIVATIONS, MODELS
-    from jaxpar.optim import OPTIMIZERS, SCHEDULES
-    from jaxpar.parallel import STRATEGIES
-
-    return {"dataset": DATASETS, "model": tuple(MODELS), "strategy": tuple(STRATEGIES),
-            "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES, "activation": ACTIVATIONS,
-            "schedule": ("gpipe", "1f1b")}
+_SCALARS = {"int": int, "float": float, "str": str}
 
 
-_TYPES = {"int": int, "float": float, "str": str}
+def _kind(f: dataclasses.Field) -> tuple[str, type | None]:
+    """('bool' | 'scalar' | 'list', element type) of a field, from its annotation."""
+    kind = str(f.type).replace(" ", "").replace("|None", "")
+    if kind.startswith("tuple["):  # tuple[int, ...]: comma-separated on the command line
+        return "list", _SCALARS[kind[len("tuple["):].split(",")[0]]
+    return ("bool", None) if kind == "bool" else ("scalar", _SCALARS[kind])
+
+
+def _choices(f: dataclasses.Field) -> tuple[str, ...] | None:
+    return CHOICES.get(f.metadata.get("choices", f.name))
+
+
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def _add(group, f: dataclasses.Field, default: Any, suppress: bool) -> None:
+    """One flag for field `f`. suppress: leave it out of the namespace unless given."""
+    kind, element = _kind(f)
+    help_text = f.metadata.get("help", "")
+    if "default" not in help_text:
+        help_text = f"{help_text} (default: {_shown(default)})"
+    help_text = help_text.replace("%", "%%")
+    stored = argparse.SUPPRESS if suppress else default
+    if kind == "bool":
+        group.add_argument(flag(f.name), default=stored, help=help_text,
+                           action=argparse.BooleanOptionalAction)
+        return
+    choices = _choices(f) if kind == "scalar" else None
+    group.add_argument(flag(f.name), default=stored, type=str if kind == "list" else element,
+                       choices=choices, help=help_text,
+                       metavar=("A,B,..." if kind == "list" else None if choices else f.name.upper()))
 
 
 class Parser(argparse.ArgumentParser):
@@ -34,12 +69,11 @@ class Parser(argparse.ArgumentParser):
 
 def add_config_flags(parser: argparse.ArgumentParser, only: set[str] | None = None,
                      defaults: dict | None = None) -> None:
-    """Add one flag per config field (or per field in `only`), grouped by section.
+    """Add one flag per TrainConfig field (or per field in `only`), grouped by section.
 
     Args:
       defaults: overrides of the dataclass defaults for this command (e.g. bench's dataset).
     """
-    choices = _choices()
     defaults = defaults or {}
     groups: dict[str | None, argparse._ArgumentGroup] = {}
     for section, f in configlib.flat_fields():
@@ -47,19 +81,7 @@ def add_config_flags(parser: argparse.ArgumentParser, only: set[str] | None = No
             continue
         if section not in groups:
             groups[section] = parser.add_argument_group(section or "run")
-        flag = "--" + f.name.replace("_", "-")
-        kind = str(f.type).replace(" ", "").replace("|None", "")
-        default = defaults.get(f.name, f.default)
-        help_text = f.metadata.get("help", "")
-        if kind == "bool":
-            groups[section].add_argument(flag, default=default, help=help_text,
-                                         action=argparse.BooleanOptionalAction)
-            continue
-        if "default" not in help_text:
-            help_text = f"{help_text} (default: {default})"
-        groups[section].add_argument(
-            flag, type=_TYPES[kind], default=default, choices=choices.get(f.name),
-            help=help_text, metavar=None if f.name in choices else f.name.upper())
+        _add(groups[section], f, defaults.get(f.name, f.default), suppress=False)
 
 
 def config_from_args(args: argparse.Namespace) -> configlib.TrainConfig:
@@ -69,12 +91,55 @@ def config_from_args(args: argparse.Namespace) -> configlib.TrainConfig:
     return configlib.with_options(configlib.TrainConfig(), **options)
 
 
+def add_option_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
+    """One flag per field of the flat frozen dataclass `cls` (a study config, BenchOptions);
+    the flags given are applied by `options_from_args`."""
+    group = parser.add_argument_group(title)
+    for f in dataclasses.fields(cls):
+        _add(group, f, f.default, suppress=True)
+
+
+def options_from_args(args: argparse.Namespace, base: Any) -> Any:
+    """`base` (a defaults or preset instance) with the fields whose flags were given replaced;
+    list values parsed and every named choice checked (ConfigError naming the flag)."""
+    given = {}
+    for f in dataclasses.fields(base):
+        if hasattr(args, f.name):
+            given[f.name] = _value(f, getattr(args, f.name))
+    return dataclasses.replace(base, **given)
+
+
+def _value(f: dataclasses.Field, text: Any) -> Any:
+    kind, element = _kind(f)
+    if kind != "list":
+        return text
+    try:
+        values = tuple(element(v.strip()) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"{flag(f.name)} takes comma-separated {element.__name__}s, e.g. "
+                          f"{_shown(f.default) if f.default else '1,2'}; got {text!r}") from None
+    choices = _choices(f)
+    unknown = [v for v in values if choices is not None and v not in choices]
+    if unknown or not values:
+        raise ConfigError(f"{flag(f.name)} {text!r}: unknown {', '.join(unknown) or '(none given)'}; "
+                          f"choices: {', '.join(choices or ())}")
+    return values
+
+
+def preset(config: Any) -> str:
+    """The flags a preset sets (those differing from the defaults), as a command line."""
+    defaults = type(config)()
+    return " ".join(f"{flag(f.name)} {_shown(getattr(config, f.name))}" for f in dataclasses.fields(config)
+                    if getattr(config, f.name) != getattr(defaults, f.name)).replace("%", "%%")
+
+
 def build_parser(commands: dict[str, dict]) -> argparse.ArgumentParser:
     """Top-level parser with one sub-command per entry of `commands`.
 
     Args:
-      commands: name -> {'help', 'config' (set of field names or None for all, or False),
-        'defaults', 'extra' (callable adding command-specific flags)}.
+      commands: name -> {'help', 'config' (set of TrainConfig field names, None for all,
+        False for none), 'defaults', 'options' (a flat dataclass whose fields become flags),
+        'quick' (add --quick), 'extra' (callable adding other flags)}.
     """
     parser = Parser(
         prog="python -m experiments",
@@ -85,23 +150,18 @@ def build_parser(commands: dict[str, dict]) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=spec["help"], description=spec["help"])
         if spec.get("config", None) is not False:
             add_config_flags(p, spec.get("config"), spec.get("defaults"))
+        if "options" in spec:
+            add_option_flags(p, spec["options"], f"{name} options")
+        if spec.get("quick"):
+            p.add_argument("--quick", action="store_true",
+                           help=f"the quick preset (seconds to minutes): {preset(spec['quick'])}; "
+                                "flags given beside it override it")
         if "extra" in spec:
             spec["extra"](p)
     return parser
 
 
-
-def add_bench_flags(p: argparse.ArgumentParser) -> None:
-    """`bench`'s own flags, beside the config's."""
-    p.add_argument("--iters", type=int, default=20, help="timed steps (default: 20)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
-    p.add_argument("--matmul-peak", default=True, action=argparse.BooleanOptionalAction,
-                   help="also measure a matmul peak to compare achieved FLOP/s with (seconds on a "
-                        "CPU; studies comparing strategies pass --no-matmul-peak) (default: on)")
-
-
-# The `bench` command, here rather than in __main__ so that study points can parse a bench
-# command line without importing the studies.
+# The `bench` command: TrainConfig's flags (synthetic data by default) and BenchOptions'.
 BENCH = {"help": "time one strategy's training step (synthetic batches); prints and "
                  "optionally writes OUT/result.json",
-         "defaults": {"dataset": "synthetic"}, "extra": add_bench_flags}
+         "defaults": {"dataset": "synthetic"}, "options": BenchOptions}

@@ -2,17 +2,19 @@
 
 Learning rate, momentum and seed do not change shapes: learning rate and momentum are traced
 values (`optax.inject_hyperparams`) and the seed only draws the initial parameters, so every
-trial of a group has the same shapes and the whole grid is one vmapped program, its trial axis
-sharded over devices (a NamedSharding on a DATA mesh; `--devices` simulates CPU devices).
-Width and depth change shapes: each (width, depth) is its own group, searched on its own.
+trial of a group has the same shapes and the whole grid is one vmapped program
+(`experiments.trials`: jaxpar's train_step under jax.vmap), its trial axis sharded over devices
+(a NamedSharding on a DATA mesh; `--devices` simulates CPU devices). Width and depth change
+shapes: each (width, depth) is its own group, searched on its own.
 
-Both ways train every trial on the same batches for `--steps` steps (one jitted call a step),
-then evaluate each trial's validation accuracy; the best configuration is the trial with the
-highest validation accuracy, per group and overall, and the best (lr, momentum) by accuracy
-averaged over the seeds. Wall times exclude compilation, which is timed on its own
-(ahead-of-time `lower().compile()`). Batched and single matmuls round differently (about an
-ulp a step), so over long or unstable runs the two ways' losses drift apart; each trial's
-largest difference is recorded, and both ways' best configurations.
+Both ways train every trial on the same batches (jaxpar.data's, in the loop's order) for
+`--steps` steps (one jitted call a step), then evaluate each trial's validation accuracy; the
+best configuration is the trial with the highest validation accuracy, per group and overall,
+and the best (lr, momentum) by accuracy averaged over the seeds. Wall times exclude
+compilation, which is timed on its own (ahead-of-time `lower().compile()`). Batched and single
+matmuls round differently (about an ulp a step), so over long or unstable runs the two ways'
+losses drift apart; each trial's largest difference is recorded, and both ways' best
+configurations.
 
     python -m experiments hparam --out figures/data/hparam   # Fashion-MNIST, 4 groups of 16 trials
     python -m experiments hparam --quick --out /tmp/hparam   # synthetic data, seconds
@@ -22,95 +24,64 @@ Writes OUT/hparam.json (RunResult, kind 'hparam'), atomically.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import itertools
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
+from experiments import options, trials
+from experiments.options import option
+from experiments.study import Study, at_least, distinct
+from jaxpar import data as datalib
 from jaxpar import results
-from jaxpar.config import ConfigError
+from jaxpar.config import DataConfig
+from jaxpar.errors import ConfigError
+from jaxpar.mesh import DATA, make_mesh, simulate_cpu_devices
+from jaxpar.models import make_model
 
 LOGGED_STEPS = 20  # loss curves kept in the JSON per trial (all steps are compared)
-QUICK = {"dataset": "synthetic", "lrs": "0.03,0.1", "momenta": "0.0,0.9", "seeds": "0,1",
-         "widths": "32", "depths": "1,2", "steps": 10, "batch_size": 32, "val_size": 1000}
+DATA_SEED = 0  # the validation split and the batch order, the same for every trial
 
 
-def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="results/hparam", help="output folder (default: results/hparam)")
-    p.add_argument("--quick", action="store_true",
-                   help="synthetic data, 8 trials (2 lrs x 2 momenta x 2 seeds), width 32, depths 1 "
-                        "and 2, 10 steps")
-    p.add_argument("--dataset", default="fashion_mnist", choices=("fashion_mnist", "mnist", "synthetic"),
-                   help="dataset (default: fashion_mnist)")
-    p.add_argument("--devices", type=int, default=None,
-                   help="simulate this many CPU devices for the trial axis; must divide the trials "
-                        "per group (default: the devices present)")
-    p.add_argument("--lrs", default="0.01,0.03,0.1,0.3", help="learning rates (default: %(default)s)")
-    p.add_argument("--momenta", default="0.0,0.9", help="momenta (default: %(default)s)")
-    p.add_argument("--seeds", default="0,1", help="parameter-init seeds (default: %(default)s)")
-    p.add_argument("--widths", default="64,256", help="MLP hidden widths, one group each (default: %(default)s)")
-    p.add_argument("--depths", default="1,2", help="MLP hidden layers, one group each (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=300, help="training steps per trial (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=128, help="batch size (default: %(default)s)")
-    p.add_argument("--val-size", type=int, default=5000,
-                   help="validation examples carved (seeded) from train (default: %(default)s)")
+@dataclass(frozen=True)
+class HparamConfig:
+    out: str = options.out("hparam")
+    dataset: str = options.train_option("dataset")
+    # the trial axis is sharded over them: they must divide the trials per group
+    devices: int | None = options.train_option("devices")
+    lrs: tuple[float, ...] = option((0.01, 0.03, 0.1, 0.3), "learning rates")
+    momenta: tuple[float, ...] = option((0.0, 0.9), "momenta, in [0, 1)")
+    seeds: tuple[int, ...] = option((0, 1), "parameter-init seeds")
+    widths: tuple[int, ...] = option((64, 256), "MLP hidden widths, one group each")
+    depths: tuple[int, ...] = option((1, 2), "MLP hidden layers, one group each")
+    steps: int = option(300, "training steps per trial")
+    batch_size: int = options.train_option("batch_size")
+    val_size: int = options.val_size()
 
 
-def _numbers(flag: str, text: str, kind: type) -> list:
-    try:
-        values = [kind(x) for x in text.split(",")]
-    except ValueError:
-        raise ConfigError(f"{flag} takes comma-separated {kind.__name__}s, got {text!r}") from None
-    if len(set(values)) != len(values):
-        raise ConfigError(f"{flag} lists a value twice: {text!r}")
-    return values
+# Synthetic data, 8 trials (2 lrs x 2 momenta x 2 seeds), width 32, depths 1 and 2, 10 steps.
+QUICK = dataclasses.replace(HparamConfig(), dataset="synthetic", lrs=(0.03, 0.1), widths=(32,),
+                            steps=10, batch_size=32, val_size=1000)
 
 
-def plan(args: argparse.Namespace) -> tuple[list[tuple[int, float, float]], list[tuple[int, int]]]:
+def plan(config: HparamConfig) -> tuple[list[tuple[int, float, float]], list[tuple[int, int]]]:
     """(trials [(seed, lr, momentum)], groups [(width, depth)]); checks options before any work."""
-    if args.quick:
-        for k, v in QUICK.items():
-            setattr(args, k, v)
-    lrs = _numbers("--lrs", args.lrs, float)
-    moms = _numbers("--momenta", args.momenta, float)
-    seeds = _numbers("--seeds", args.seeds, int)
-    widths = _numbers("--widths", args.widths, int)
-    depths = _numbers("--depths", args.depths, int)
-    if min(lrs) <= 0 or not all(0 <= m < 1 for m in moms):
+    distinct(config, "lrs", "momenta", "seeds", "widths", "depths")
+    if min(config.lrs) <= 0 or not all(0 <= m < 1 for m in config.momenta):
         raise ConfigError("--lrs must be > 0 and --momenta in [0, 1)")
-    if min(widths) < 1 or min(depths) < 1:
-        raise ConfigError("--widths and --depths must be >= 1")
-    if args.steps < 1 or args.batch_size < 1 or args.val_size < 1:
-        raise ConfigError("--steps, --batch-size and --val-size must be >= 1")
-    if args.devices is not None and args.devices < 1:
-        raise ConfigError(f"--devices must be >= 1, got {args.devices}")
-    trials = list(itertools.product(seeds, lrs, moms))
-    if args.devices and len(trials) % args.devices:
-        raise ConfigError(f"--devices {args.devices} must divide the {len(trials)} trials per group "
+    at_least(config, 1, "widths", "depths", "steps", "batch_size", "val_size")
+    if config.devices is not None:
+        at_least(config, 1, "devices")
+    grid = list(itertools.product(config.seeds, config.lrs, config.momenta))
+    if config.devices and len(grid) % config.devices:
+        raise ConfigError(f"--devices {config.devices} must divide the {len(grid)} trials per group "
                           f"(lrs x momenta x seeds) so each device trains the same number")
-    return trials, list(itertools.product(widths, depths))
-
-
-def _states(trials, width: int, depth: int):
-    """(graphdef, tx, [one TrainState per trial]); each trial's lr and momentum live in its
-    optimizer state (inject_hyperparams), so one `tx` serves them all."""
-    import jax.numpy as jnp
-    import optax
-
-    from jaxpar.models import make_model
-    from jaxpar.step import init_state, split_model
-
-    tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.0, momentum=0.0)
-    states = []
-    for seed, lr, momentum in trials:
-        graphdef, params, rest = split_model(make_model("mlp", seed=seed, width=width, depth=depth))
-        state = init_state(params, rest, tx)
-        state.opt_state.hyperparams["learning_rate"] = jnp.asarray(lr, jnp.float32)
-        state.opt_state.hyperparams["momentum"] = jnp.asarray(momentum, jnp.float32)
-        states.append(state)
-    return graphdef, tx, states
+    return grid, list(itertools.product(config.widths, config.depths))
 
 
 def _compile(fn, *args):
@@ -120,7 +91,7 @@ def _compile(fn, *args):
     return compiled, time.perf_counter() - start
 
 
-def search(trials, width: int, depth: int, batches: list[dict], val: list[dict], mesh,
+def search(grid, width: int, depth: int, batches: list[dict], val: list[dict], mesh,
            vmapped: bool) -> dict:
     """Train every (seed, lr, momentum) trial, then evaluate it on the validation batches.
 
@@ -133,28 +104,19 @@ def search(trials, width: int, depth: int, batches: list[dict], val: list[dict],
       {"losses" [trial, step], "val_accuracy", "val_loss" [trial], "train_s" (excluding
        compilation), "compile_s", "eval_s"}
     """
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
-    from jaxpar.mesh import DATA
-    from jaxpar.step import eval_step, train_step
-
-    graphdef, tx, states = _states(trials, width, depth)
-    train = jax.jit(lambda st, b: train_step(graphdef, tx, st, b), donate_argnums=0)
-    evaluate = jax.jit(lambda st, b: eval_step(graphdef, st, b))
+    pairs = [trials.trial_state(make_model("mlp", seed=seed, width=width, depth=depth), trials.TX,
+                                lr, momentum) for seed, lr, momentum in grid]
+    graphdef, states = pairs[0][0], [s for _, s in pairs]
+    step, evaluate = trials.train_step(graphdef, trials.TX), trials.eval_step(graphdef)
+    place = jax.devices()[0]
     if vmapped:
-        train = jax.jit(jax.vmap(lambda st, b: train_step(graphdef, tx, st, b), in_axes=(0, None)),
-                        donate_argnums=0)
-        evaluate = jax.jit(jax.vmap(lambda st, b: eval_step(graphdef, st, b), in_axes=(0, None)))
-        stacked = jax.tree.map(lambda *xs: np.stack(xs), *states)
-        states = [jax.device_put(stacked, NamedSharding(mesh, P(DATA)))]
+        step, evaluate = trials.vmap_trials(step), trials.vmap_trials(evaluate)
+        states = [jax.device_put(trials.stack(states), NamedSharding(mesh, P(DATA)))]
         place = NamedSharding(mesh, P())  # every device sees the whole batch
-    else:
-        place = jax.devices()[0]
     batches = [jax.device_put(b, place) for b in batches]  # placed before the clock starts
     val = [jax.device_put(b, place) for b in val]
-    train, compile_train = _compile(train, states[0], batches[0])
-    evaluate, compile_eval = _compile(evaluate, states[0], val[0])
+    train, compile_train = _compile(jax.jit(step, donate_argnums=0), states[0], batches[0])
+    evaluate, compile_eval = _compile(jax.jit(evaluate), states[0], val[0])
 
     start, sums, finals = time.perf_counter(), [], []
     for state in states:  # vmapped: one stacked state
@@ -167,111 +129,93 @@ def search(trials, width: int, depth: int, batches: list[dict], val: list[dict],
         finals.append(state)
     train_s = time.perf_counter() - start
     start = time.perf_counter()
-    totals = [jax.tree.map(lambda *xs: sum(xs), *[evaluate(st, b) for b in val]) for st in finals]
-    totals = jax.device_get(totals)
+    totals = jax.device_get([jax.tree.map(lambda *xs: sum(xs), *[evaluate(st, b) for b in val])
+                             for st in finals])
     eval_s = time.perf_counter() - start
 
     losses = np.array([[np.asarray(s["loss_sum"]) / np.asarray(s["count"]) for s in per_step]
                        for per_step in jax.device_get(sums)], np.float64)  # [runs, steps, (trials)]
-    val_correct = np.concatenate([np.atleast_1d(t["correct"]) for t in totals])
-    val_count = np.concatenate([np.atleast_1d(t["count"]) for t in totals])
-    val_loss = np.concatenate([np.atleast_1d(t["loss_sum"]) for t in totals]) / val_count
-    losses = np.moveaxis(losses[0], 1, 0) if vmapped else losses
-    return {"losses": losses, "val_accuracy": val_correct / val_count, "val_loss": val_loss,
+    val_correct, val_count, val_loss = (np.concatenate([np.atleast_1d(t[k]) for t in totals])
+                                        for k in ("correct", "count", "loss_sum"))
+    return {"losses": np.moveaxis(losses[0], 1, 0) if vmapped else losses,
+            "val_accuracy": val_correct / val_count, "val_loss": val_loss / val_count,
             "train_s": train_s, "compile_s": compile_train + compile_eval, "eval_s": eval_s}
 
 
-def _best(trials, val_accuracy, val_loss) -> dict:
+def _best(grid, val_accuracy, val_loss) -> dict:
     """Highest validation accuracy; ties go to the lower validation loss. A diverged trial
     (non-finite loss) never wins."""
     acc = np.where(np.isfinite(val_loss), val_accuracy, -1.0)
-    i = min(range(len(trials)), key=lambda k: (-acc[k], val_loss[k] if np.isfinite(val_loss[k]) else np.inf))
-    seed, lr, momentum = trials[i]
+    i = min(range(len(grid)), key=lambda k: (-acc[k], val_loss[k] if np.isfinite(val_loss[k]) else np.inf))
+    seed, lr, momentum = grid[i]
     return {"trial": i, "seed": seed, "lr": lr, "momentum": momentum,
             "val_accuracy": float(val_accuracy[i]), "val_loss": float(val_loss[i])}
 
 
-def _best_over_seeds(trials, val_accuracy) -> dict:
+def _best_over_seeds(grid, val_accuracy) -> dict:
     """The (lr, momentum) with the highest validation accuracy averaged over the seeds: a
     ranking less at the mercy of one initialisation (or of rounding) than the single best trial."""
     by = {}
-    for (_, lr, momentum), acc in zip(trials, val_accuracy):
+    for (_, lr, momentum), acc in zip(grid, val_accuracy):
         by.setdefault((lr, momentum), []).append(float(acc) if np.isfinite(acc) else 0.0)
     (lr, momentum), accs = max(by.items(), key=lambda kv: np.mean(kv[1]))
     return {"lr": lr, "momentum": momentum, "mean_val_accuracy": float(np.mean(accs)), "seeds": len(accs)}
 
 
-def _data(args):
-    """(host training batches, host validation batches): the same for every trial."""
-    from jaxpar import data as datalib
-    from jaxpar.config import DataConfig
-
-    cfg = DataConfig(dataset=args.dataset, val_size=args.val_size, batch_size=args.batch_size)
-    splits = datalib.load(cfg, seed=0)
-    per_epoch = datalib.steps_per_epoch(len(splits.train[1]), args.batch_size)
-    batches = []
-    for epoch in range(-(-args.steps // per_epoch)):
-        batches += list(datalib.train_batches(splits.train, args.batch_size, seed=0, epoch=epoch))
-    val = list(datalib.eval_batches(splits.val, min(cfg.eval_batch_size, args.val_size)))
-    return batches[:args.steps], val, len(splits.train[1])
+def _data(config: HparamConfig):
+    """(host training batches, host validation batches, training examples): the same for
+    every trial, the training batches in jaxpar.train's order."""
+    cfg = DataConfig(dataset=config.dataset, val_size=config.val_size, batch_size=config.batch_size)
+    splits = datalib.load(cfg, seed=DATA_SEED)
+    batches = list(trials.loop_batches(splits.train, config.batch_size, DATA_SEED, count=config.steps))
+    val = list(datalib.eval_batches(splits.val, min(cfg.eval_batch_size, config.val_size)))
+    return batches, val, len(splits.train[1])
 
 
-def run(args: argparse.Namespace) -> list[Path]:
-    """Both ways per (width, depth) group; write OUT/hparam.json; return its path."""
-    trials, shapes = plan(args)
-    out = results.ensure_writable(args.out)  # fail before the work, not after it
-    from jaxpar.mesh import DATA, make_mesh, simulate_cpu_devices
+def group(grid, width: int, depth: int, batches, val, mesh, steps: int) -> dict:
+    """Both ways for one (width, depth): times, differences, best trials, loss curves."""
+    par = search(grid, width, depth, batches, val, mesh, vmapped=True)
+    seq = search(grid, width, depth, batches, val, None, vmapped=False)
+    diff = np.abs(par["losses"] - seq["losses"])
+    logged = sorted({1} | {max(1, round(k * steps / LOGGED_STEPS)) for k in range(1, LOGGED_STEPS + 1)})
+    return {"width": width, "depth": depth, "trials": len(grid),
+            "vmapped_s": par["train_s"], "sequential_s": seq["train_s"],
+            "speedup": seq["train_s"] / par["train_s"],
+            "vmapped_compile_s": par["compile_s"], "sequential_compile_s": seq["compile_s"],
+            "vmapped_eval_s": par["eval_s"], "sequential_eval_s": seq["eval_s"],
+            # Same math, but batched and single matmuls round differently (an ulp a step);
+            # long or unstable runs can grow that: kept per trial, not hidden in one number.
+            "max_loss_diff": float(np.nanmax(diff)) if np.isfinite(diff).any() else 0.0,
+            "loss_diff_per_trial": np.nanmax(diff, axis=1).tolist(),
+            "max_val_accuracy_diff": float(np.abs(par["val_accuracy"] - seq["val_accuracy"]).max()),
+            "best": _best(grid, par["val_accuracy"], par["val_loss"]),
+            "best_sequential": _best(grid, seq["val_accuracy"], seq["val_loss"]),
+            "best_over_seeds": _best_over_seeds(grid, par["val_accuracy"]),
+            "best_over_seeds_sequential": _best_over_seeds(grid, seq["val_accuracy"]),
+            "val_accuracy": par["val_accuracy"].tolist(), "val_loss": par["val_loss"].tolist(),
+            "val_accuracy_sequential": seq["val_accuracy"].tolist(),
+            "loss_steps": logged,  # step k's loss is the loss of the batch before update k
+            "losses_vmapped": par["losses"][:, np.array(logged) - 1].tolist(),
+            "losses_sequential": seq["losses"][:, np.array(logged) - 1].tolist()}
 
-    simulate_cpu_devices(args.devices)  # before JAX's backend starts
-    import jax
 
-    n_dev = len(jax.devices())
-    if len(trials) % n_dev:
-        raise ConfigError(f"the {len(trials)} trials per group do not divide over the {n_dev} devices "
-                          f"present; pass --devices with a divisor of {len(trials)}")
-    mesh = make_mesh({DATA: n_dev})
-    batches, val, n_train = _data(args)
-    print(f"{len(trials)} trials (seed x lr x momentum) per group, {len(shapes)} (width, depth) groups, "
-          f"{args.steps} steps of batch {args.batch_size} on {args.dataset} ({n_train} train / "
-          f"{args.val_size} validation); vmapped trial axis over {n_dev} device(s)", flush=True)
-    logged = sorted({1} | {max(1, round(k * args.steps / LOGGED_STEPS)) for k in range(1, LOGGED_STEPS + 1)})
-    groups = []
-    for width, depth in shapes:
-        par = search(trials, width, depth, batches, val, mesh, vmapped=True)
-        seq = search(trials, width, depth, batches, val, None, vmapped=False)
-        diff = np.abs(par["losses"] - seq["losses"])
-        g = {"width": width, "depth": depth, "trials": len(trials),
-             "vmapped_s": par["train_s"], "sequential_s": seq["train_s"],
-             "speedup": seq["train_s"] / par["train_s"],
-             "vmapped_compile_s": par["compile_s"], "sequential_compile_s": seq["compile_s"],
-             "vmapped_eval_s": par["eval_s"], "sequential_eval_s": seq["eval_s"],
-             # Same math, but batched and single matmuls round differently (an ulp a step);
-             # long or unstable runs can grow that: kept per trial, not hidden in one number.
-             "max_loss_diff": float(np.nanmax(diff)) if np.isfinite(diff).any() else 0.0,
-             "loss_diff_per_trial": np.nanmax(diff, axis=1).tolist(),
-             "max_val_accuracy_diff": float(np.abs(par["val_accuracy"] - seq["val_accuracy"]).max()),
-             "best": _best(trials, par["val_accuracy"], par["val_loss"]),
-             "best_sequential": _best(trials, seq["val_accuracy"], seq["val_loss"]),
-             "best_over_seeds": _best_over_seeds(trials, par["val_accuracy"]),
-             "best_over_seeds_sequential": _best_over_seeds(trials, seq["val_accuracy"]),
-             "val_accuracy": par["val_accuracy"].tolist(), "val_loss": par["val_loss"].tolist(),
-             "val_accuracy_sequential": seq["val_accuracy"].tolist(),
-             "loss_steps": logged,  # step k's loss is the loss of the batch before update k
-             "losses_vmapped": par["losses"][:, np.array(logged) - 1].tolist(),
-             "losses_sequential": seq["losses"][:, np.array(logged) - 1].tolist()}
-        groups.append(g)
-        b, b_seq = g["best"], g["best_sequential"]
-        other = "" if b["trial"] == b_seq["trial"] else f" (one by one: lr {b_seq['lr']:g} momentum " \
-            f"{b_seq['momentum']:g} seed {b_seq['seed']}, {b_seq['val_accuracy']:.4f})"
-        print(f"width {width} depth {depth}: vmapped {g['vmapped_s']:.2f} s (+{g['vmapped_compile_s']:.2f} s "
-              f"compile), one by one {g['sequential_s']:.2f} s (+{g['sequential_compile_s']:.2f} s), "
-              f"speed-up {g['speedup']:.2f}x; best lr {b['lr']:g} momentum {b['momentum']:g} seed "
-              f"{b['seed']}: val accuracy {b['val_accuracy']:.4f}{other}; largest loss difference "
-              f"{g['max_loss_diff']:.1e}", flush=True)
-        m, m_seq = g["best_over_seeds"], g["best_over_seeds_sequential"]
-        print(f"  best (lr, momentum) over {m['seeds']} seeds: ({m['lr']:g}, {m['momentum']:g}) mean val "
-              f"accuracy {m['mean_val_accuracy']:.4f}; one by one: ({m_seq['lr']:g}, {m_seq['momentum']:g}) "
-              f"{m_seq['mean_val_accuracy']:.4f}", flush=True)
+def _report(g: dict) -> None:
+    b, b_seq = g["best"], g["best_sequential"]
+    other = "" if b["trial"] == b_seq["trial"] else f" (one by one: lr {b_seq['lr']:g} momentum " \
+        f"{b_seq['momentum']:g} seed {b_seq['seed']}, {b_seq['val_accuracy']:.4f})"
+    print(f"width {g['width']} depth {g['depth']}: vmapped {g['vmapped_s']:.2f} s (+{g['vmapped_compile_s']:.2f} s "
+          f"compile), one by one {g['sequential_s']:.2f} s (+{g['sequential_compile_s']:.2f} s), "
+          f"speed-up {g['speedup']:.2f}x; best lr {b['lr']:g} momentum {b['momentum']:g} seed "
+          f"{b['seed']}: val accuracy {b['val_accuracy']:.4f}{other}; largest loss difference "
+          f"{g['max_loss_diff']:.1e}", flush=True)
+    m, m_seq = g["best_over_seeds"], g["best_over_seeds_sequential"]
+    print(f"  best (lr, momentum) over {m['seeds']} seeds: ({m['lr']:g}, {m['momentum']:g}) mean val "
+          f"accuracy {m['mean_val_accuracy']:.4f}; one by one: ({m_seq['lr']:g}, {m_seq['momentum']:g}) "
+          f"{m_seq['mean_val_accuracy']:.4f}", flush=True)
+
+
+def _overall(groups: list[dict]) -> tuple[dict, dict]:
+    """(the best trial of all groups, the best (lr, momentum) over seeds of all groups)."""
     top = max(groups, key=lambda g: g["best"]["val_accuracy"])
     best = {"width": top["width"], "depth": top["depth"], **top["best"]}
     top = max(groups, key=lambda g: g["best_over_seeds"]["mean_val_accuracy"])
@@ -280,11 +224,36 @@ def run(args: argparse.Namespace) -> list[Path]:
           f"{best['momentum']:g} seed {best['seed']}: val accuracy {best['val_accuracy']:.4f}; over seeds: "
           f"width {best_mean['width']} depth {best_mean['depth']} lr {best_mean['lr']:g} momentum "
           f"{best_mean['momentum']:g}: {best_mean['mean_val_accuracy']:.4f}")
-    config = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
-    config.update(trial_list=trials, groups=shapes, model="mlp", optimizer="sgd (inject_hyperparams)",
-                  train_examples=n_train, devices_used=n_dev)
-    result = results.RunResult(kind="hparam", config=config, env=results.environment(),
+    return best, best_mean
+
+
+def run(config: HparamConfig) -> list[Path]:
+    """Both ways per (width, depth) group; write OUT/hparam.json; return its path."""
+    grid, shapes = plan(config)
+    out = results.ensure_writable(config.out)  # fail before the work, not after it
+    simulate_cpu_devices(config.devices)  # before JAX's backend starts
+    n_dev = len(jax.devices())
+    if len(grid) % n_dev:
+        raise ConfigError(f"the {len(grid)} trials per group do not divide over the {n_dev} devices "
+                          f"present; pass --devices with a divisor of {len(grid)}")
+    mesh = make_mesh({DATA: n_dev})
+    batches, val, n_train = _data(config)
+    print(f"{len(grid)} trials (seed x lr x momentum) per group, {len(shapes)} (width, depth) groups, "
+          f"{config.steps} steps of batch {config.batch_size} on {config.dataset} ({n_train} train / "
+          f"{config.val_size} validation); vmapped trial axis over {n_dev} device(s)", flush=True)
+    groups = []
+    for width, depth in shapes:
+        groups.append(group(grid, width, depth, batches, val, mesh, config.steps))
+        _report(groups[-1])
+    best, best_mean = _overall(groups)
+    record = {**dataclasses.asdict(config), "trial_list": grid, "groups": shapes, "model": "mlp",
+              "optimizer": "sgd (inject_hyperparams)", "train_examples": n_train, "devices_used": n_dev}
+    result = results.RunResult(kind="hparam", config=record, env=results.environment(),
                                metrics={"groups": groups, "best": best, "best_over_seeds": best_mean})
     path = results.write_atomic(out / "hparam.json", result.to_json() + "\n")
     print(f"wrote {path}")
     return [path]
+
+
+STUDY = Study("hparam", "lr/momentum/seed search as vmapped trials (sharded over --devices) vs one by "
+                        "one, best by validation accuracy; writes OUT/hparam.json", HparamConfig, QUICK, run)

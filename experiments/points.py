@@ -1,9 +1,17 @@
-"""Running one study point in its own process: a point's device count (or rank count) must be
-fixed before JAX starts, and a hang or crash must not take the study down with it.
+"""Study points: one `train` or `bench` run of one TrainConfig, each in its own process (a
+point's device or rank count is fixed before JAX starts, and a hang or crash must not take the
+study down with it), resumable, and checked against what the study asks for.
 
-    run_point(cmd, timeout)                      # any command; raises PointError on failure
-    bench_point(folder, ["--model", "mlp", ...])  # `python -m experiments bench`, resumable
-    reusable(folder, flags)                      # its result if measured with these flags
+    outcomes = points.run([Point("strong/mlp-single-1", config, BenchOptions(iters=20)), ...],
+                          out="results/scaling", timeout=600)
+
+A point goes to its process as data: `run` writes OUT/FOLDER/point.json (the TrainConfig, the
+bench options, the rank count and the study's labels) and starts `python -m experiments.run
+OUT/FOLDER` (under `mpiexec -n R` for R ranks), which writes OUT/FOLDER/result.json with those
+settings recorded in its config (`config["point"]`). Before any work, `run` checks every
+point already in OUT: a complete result of the same settings is reused, a damaged one is run
+again, and one of other settings is refused (ConfigError naming the folder): a study is never
+a mix of two configurations.
 """
 
 from __future__ import annotations
@@ -14,20 +22,173 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, TypeVar
+from typing import Any
 
-from experiments.cli import BENCH, build_parser, config_from_args
+from experiments.options import BenchOptions
 from jaxpar import results
-from jaxpar.config import to_dict
-from jaxpar.config import ConfigError
+from jaxpar.config import TrainConfig, from_dict, to_dict
+from jaxpar.errors import ConfigError, ResultsError
+from jaxpar.validate import validate
 
 STOP_GRACE_S = 10  # after SIGTERM, before SIGKILL
-T = TypeVar("T")
+POINT_FILE = "point.json"
 
 
 class PointError(RuntimeError):
     """A study point's process failed or ran past its time limit."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run of a study.
+
+    Attributes:
+      folder: where its files go, under the study's --out.
+      config: what it runs (its `out` is set to the folder when it runs).
+      bench: time `bench.iters` steps (`jaxpar.bench`); None: train it (`jaxpar.train`).
+      ranks: run it as that many MPI processes (one device each; R > 1 under mpiexec).
+      labels: settings of the study that the result must record (e.g. the scaling study's
+        strong or weak mode), checked on resume like the config.
+    """
+
+    folder: str
+    config: TrainConfig
+    bench: BenchOptions | None = None
+    ranks: int | None = None
+    labels: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return "train" if self.bench is None else "bench"
+
+    def settings(self) -> dict[str, Any]:
+        """What its result records under config["point"], besides the TrainConfig."""
+        return {"kind": self.kind, "bench": None if self.bench is None else dataclasses.asdict(self.bench),
+                "ranks": self.ranks, "labels": dict(self.labels)}
+
+    def to_json(self) -> str:
+        return json.dumps({"folder": self.folder, "config": to_dict(self.config), **self.settings()},
+                          indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "Point":
+        d = json.loads(text)
+        bench = None if d["bench"] is None else BenchOptions(**d["bench"])
+        return cls(d["folder"], from_dict(d["config"]), bench, d["ranks"], d["labels"])
+
+    def describe(self) -> str:
+        p = self.config.parallel
+        where = f"{self.ranks} rank(s)" if self.ranks else f"{p.devices or 1} device(s)"
+        return f"{self.folder}: {self.kind} {self.config.model.model} {p.strategy} on {where}"
+
+
+def mpiexec() -> Path:
+    """The launcher installed with this venv's MPICH (mpi4jax was built against it)."""
+    return Path(sys.executable).parent / "mpiexec"
+
+
+def command(point: Point, folder: Path) -> list[str]:
+    """The process of one point: `python -m experiments.run FOLDER`, under mpiexec for R > 1."""
+    cmd = [sys.executable, "-m", "experiments.run", str(folder)]
+    return cmd if (point.ranks or 1) == 1 else [str(mpiexec()), "-n", str(point.ranks), *cmd]
+
+
+def run(points: list[Point], out: str | Path, timeout: float,
+        keep_going: bool = False) -> list[results.RunResult | PointError]:
+    """Every point's result, in order: reused when OUT already holds it, else run.
+
+    Args:
+      out: the study's folder (checked writable first).
+      timeout: seconds each point's process may run.
+      keep_going: a failed point is returned as its PointError and the rest still run
+        (False: the first failure raises).
+    Raises:
+      ConfigError, before any work, when a point's config cannot run (`jaxpar.validate`) or a
+      folder holds a point of other settings.
+    """
+    if len({p.folder for p in points}) < len(points):
+        raise ValueError("two points of a study share a folder")
+    for point in points:
+        check(point)
+    out = results.ensure_writable(out)
+    done = [stored(out / p.folder, p) for p in points]
+    reused = sum(r is not None for r in done)
+    if reused:
+        print(f"{reused} of {len(points)} points already done in {out}; running the rest", flush=True)
+    outcomes: list[results.RunResult | PointError] = []
+    for point, result in zip(points, done):
+        if result is None:
+            print(point.describe(), flush=True)
+            try:
+                result = _measure(point, out / point.folder, timeout)
+            except PointError as e:
+                if not keep_going:
+                    raise
+                print(f"  failed: {e}", flush=True)
+                result = e
+            else:
+                print(f"  {_line(result)}", flush=True)
+        outcomes.append(result)
+    return outcomes
+
+
+def check(point: Point) -> None:
+    """ConfigError naming the point when its config cannot run on its devices or ranks."""
+    devices = (point.config.parallel.devices or 1) * (point.ranks or 1)
+    try:
+        validate(point.config, devices)
+    except ConfigError as e:
+        raise ConfigError(f"study point {point.folder}: {e}") from None
+
+
+def stored(folder: Path, point: Point) -> results.RunResult | None:
+    """The complete result in FOLDER if it ran POINT's settings; None when there is none or it
+    is damaged (run it again); ConfigError when it ran other settings."""
+    path = folder / results.RESULT_FILE
+    if not path.exists():
+        return None
+    try:
+        result = results.load(path)
+    except ResultsError:
+        return None  # half-written by a killed run, or an older schema
+    if not isinstance(result.config.get("point"), dict):
+        raise ConfigError(f"{folder} holds a result that does not record its study settings (an "
+                          f"older jaxpar wrote it); pass a fresh --out or delete that folder")
+    asked = _flat({**json.loads(json.dumps(to_dict(point.config))), "point": point.settings()})
+    have = _flat({**result.config, "point": {**result.config["point"], "kind": result.kind}})
+    diff = [f"{k} {have.get(k)} (asked {asked.get(k)})" for k in {**asked, **have}
+            if k != "out" and have.get(k) != asked.get(k)]
+    if diff:
+        raise ConfigError(f"{folder} holds a point measured with other settings ({', '.join(diff)}); "
+                          f"pass a fresh --out or delete that folder")
+    return result
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    """Nested dicts flattened to dotted keys: {'data.batch_size': 128, 'seed': 0, ...}."""
+    flat = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            flat.update(_flat(v, f"{prefix}{k}."))
+        else:
+            flat[f"{prefix}{k}"] = v
+    return flat
+
+
+def _measure(point: Point, folder: Path, timeout: float) -> results.RunResult:
+    config = dataclasses.replace(point.config, out=str(folder))
+    results.write_atomic(folder / POINT_FILE, dataclasses.replace(point, config=config).to_json())
+    run_point(command(point, folder), timeout)
+    return results.load(folder / results.RESULT_FILE)
+
+
+def _line(result: results.RunResult) -> str:
+    m = result.metrics
+    if result.kind == "bench":
+        return f"{m['step_time_ms_median']:.2f} ms/step, {m['images_per_sec']:,.0f} images/s"
+    return f"{m['steps']} steps, test accuracy {m['test_accuracy']:.4f}"
 
 
 def run_point(cmd: list[str], timeout: float) -> None:
@@ -49,85 +210,3 @@ def run_point(cmd: list[str], timeout: float) -> None:
         raise PointError(f"{' '.join(cmd)} ran past {timeout:.0f} s and was stopped") from None
     if proc.returncode != 0:
         raise PointError(f"{' '.join(cmd)} failed:\n{err[-2000:]}")
-
-
-def bench_command(flags: list[str], ranks: int | None = None) -> list[str]:
-    """`python -m experiments bench FLAGS`, or as `ranks` single-threaded MPI ranks."""
-    bench = [sys.executable, "-m", "experiments", "bench", *flags]
-    if ranks is None:
-        return bench
-    from experiments.rank_scaling import command
-
-    return command(ranks, bench)
-
-
-def reusable(folder: str | Path, flags: list[str], ranks: int | None = None) -> dict | None:
-    """The complete bench result in FOLDER, as a dict, if it was measured with FLAGS (a stopped
-    study resumes from it); None when there is none or it is damaged (measure again). A result
-    of other settings raises ConfigError: a study is never a mix of two configurations.
-    Studies call it for every point before any work, so that error comes first."""
-    path = Path(folder) / results.RESULT_FILE
-    if not path.exists():
-        return None
-    try:
-        result = dataclasses.asdict(results.load(path))
-    except results.ResultsError:
-        return None  # damaged or older schema
-    asked = _settings(bench_command(flags, ranks))
-    have = {**_flat(result["config"]), "iters": result["metrics"]["iters"],
-            "ranks": result["env"].get("mpi_ranks", 1)}
-    diff = [f"{k} {have.get(k)} (asked {v})" for k, v in asked.items() if have.get(k) != v]
-    if diff:
-        raise ConfigError(f"{folder} holds a point measured with other settings ({', '.join(diff)}); "
-                          f"pass a fresh --out or delete that folder")
-    return result
-
-
-def _settings(cmd: list[str]) -> dict:
-    """What a bench command line measures: its config (where it writes aside), iters, ranks."""
-    args = build_parser({"bench": BENCH}).parse_args(cmd[cmd.index("bench"):])
-    config = json.loads(json.dumps(to_dict(config_from_args(args))))  # as stored: lists, not tuples
-    ranks = int(cmd[cmd.index("-n") + 1]) if cmd[0] != sys.executable else 1
-    settings = {**_flat(config), "iters": args.iters, "ranks": ranks}
-    settings.pop("out")
-    return settings
-
-
-def _flat(config: dict) -> dict:
-    """A config dict with its sections flattened: {'model.width': 256, 'seed': 0, ...}."""
-    return {f"{k}.{kk}": vv for k, v in config.items() if isinstance(v, dict) for kk, vv in v.items()} | \
-        {k: v for k, v in config.items() if not isinstance(v, dict)}
-
-
-def bench_point(folder: str | Path, flags: list[str], timeout: float, ranks: int | None = None) -> dict:
-    """Run `python -m experiments bench FLAGS --out FOLDER` unless FOLDER already holds its
-    result (`reusable`); return that result as a dict.
-
-    Args:
-      ranks: run it as that many single-threaded MPI ranks (`rank_scaling.command`) instead.
-    """
-    done = reusable(folder, flags, ranks)
-    if done is not None:
-        return done
-    run_point([*bench_command(flags, ranks), "--out", str(folder)], timeout)
-    return dataclasses.asdict(results.load(Path(folder) / results.RESULT_FILE))
-
-
-def pending(jobs: Iterable[T], result_path: Callable[[T], str | Path]) -> list[T]:
-    """The jobs of a study whose results file is not there yet (or unreadable): resuming a
-    study is re-running it with this filter, since each trial's JSON is written atomically.
-
-    Args:
-      jobs: the study's trials (configs, batch sizes, ...), in order.
-      result_path: where a job's results JSON goes.
-    Returns:
-      The jobs still to run, in order.
-    """
-    todo = []
-    for job in jobs:
-        path = Path(result_path(job))
-        try:
-            results.RunResult.from_json(path.read_text())
-        except Exception:  # missing, partial or stale: run it (again)
-            todo.append(job)
-    return todo

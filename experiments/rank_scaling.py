@@ -1,57 +1,41 @@
 """Rank scaling, the scaling study's MPI part: R processes under `mpiexec` (this venv's own),
-one pinned thread each (`--single-thread`), one simulated device per process.
+one pinned thread each (`single_thread`), one simulated device per process.
 
     python -m experiments scaling --ranks 1,2 --out figures/data/scaling          # MLP and CNN
-    python -m experiments scaling --ranks 1,2 --quick --out /tmp/ranks            # seconds
+    python -m experiments scaling --ranks 1,2 --quick --device-counts 1 --out /tmp/ranks  # seconds
 
-Baselines, in the same results folder: 1 single-threaded rank (`single --single-thread`,
-no launcher) and the best single-process configuration (device points: `single` on 1 device
-and `--baseline-strategies` on `--device-counts` devices, XLA's default threads on all cores).
-Rank points go to OUT/ranks/<mode>/<model>-<strategy>-r<R>/, device points where the device
-study puts them (OUT/<mode>/...), so either study reuses the other's.
+Baselines, in the same results folder: 1 single-threaded rank (`single`, no launcher) and the
+best single-process configuration (the device points: `single` on 1 device and --strategies
+on --device-counts devices, XLA's default threads on all cores). Rank points go to
+OUT/ranks/<mode>/<model>-<strategy>-r<R>/, device points where the device study puts them
+(OUT/<mode>/...), so either study reuses the other's.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import sys
-from pathlib import Path
 
-from jaxpar.config import ConfigError
+from experiments.points import mpiexec
 from experiments.speedup import busiest_rank_bytes, rank_rows
-
-MPI_STRATEGIES = ("mpi-allreduce", "mpi-param-server", "dp-auto")
-BASELINE_STRATEGIES = ("dp-shard-map", "dp-auto")
-
-
-def mpiexec() -> Path:
-    """The launcher installed with this venv's MPICH (mpi4jax was built against it)."""
-    return Path(sys.executable).parent / "mpiexec"
+from jaxpar.errors import ConfigError
+from jaxpar.parallel import STRATEGIES
+from jaxpar.parallel.mpi_common import INSTALL_HINT
 
 
-def check(strategies: list[str], ranks: list[int]) -> None:
+def check(strategies: tuple[str, ...], ranks: tuple[int, ...]) -> None:
     """Fail before any work when a rank point cannot run, naming the fix."""
-    from jaxpar.parallel import STRATEGIES
-    from jaxpar.parallel.mpi_common import INSTALL_HINT
-
     if any(r < 1 for r in ranks):
         raise ConfigError(f"--ranks must be >= 1, got {ranks}")
     for name in strategies:
-        cls = STRATEGIES.get(name)
-        if cls is None or not (cls.uses_mpi or cls.multiprocess):
+        cls = STRATEGIES[name]
+        if not (cls.uses_mpi or cls.multiprocess):
             able = [n for n, c in STRATEGIES.items() if c.uses_mpi or c.multiprocess]
-            raise ConfigError(f"--strategies {name}: rank points need a strategy that runs across "
-                              f"processes ({', '.join(able)})")
+            raise ConfigError(f"--rank-strategies {name}: rank points need a strategy that runs "
+                              f"across processes ({', '.join(able)})")
     if max(ranks) > 1 and not mpiexec().exists():
         raise ConfigError(f"--ranks {max(ranks)} needs {mpiexec()}: {INSTALL_HINT}")
     if max(ranks) > 1 and importlib.util.find_spec("mpi4jax") is None:
         raise ConfigError(f"--ranks needs mpi4jax in this venv: {INSTALL_HINT}")
-
-
-def command(ranks: int, bench: list[str]) -> list[str]:
-    """A single-threaded rank point's command: the bench alone for R=1, else under mpiexec."""
-    bench = [*bench, "--single-thread"]
-    return bench if ranks == 1 else [str(mpiexec()), "-n", str(ranks), *bench]
 
 
 def table(points: list[dict]) -> str:

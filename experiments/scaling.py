@@ -4,140 +4,109 @@ count must be fixed before JAX starts.
 
     python -m experiments scaling --out figures/data/scaling            # full: MLP and CNN
     python -m experiments scaling --quick --out /tmp/scaling            # seconds
-    python -m experiments scaling --ranks 1,2 --out figures/data/scaling  # MPI ranks instead
+    python -m experiments scaling --ranks 1,2 --out figures/data/scaling  # MPI ranks beside
 
-Writes one result JSON per point under OUT/<mode>/<model>-<strategy>-<devices>/ (rank points:
-see experiments/rank_scaling.py) and a markdown table OUT/summary.md. Simulated devices share
-the machine's cores: the table states the cores and threads behind every figure.
+Writes one bench result per point under OUT/<mode>/<model>-<strategy>-<devices>/ (rank points:
+see experiments/rank_scaling.py), each recording its mode (config["point"]["labels"]), and a
+markdown table OUT/summary.md. Simulated devices share the machine's cores: the table states
+the cores and threads behind every figure.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments import rank_scaling
-from experiments.points import run_point
+from experiments import options, points, rank_scaling
+from experiments.options import BenchOptions, option
+from experiments.points import Point
+from experiments.speedup import REFERENCE, device_rows, load_points
+from experiments.study import Study, at_least
 from jaxpar import results
-from experiments.points import pending
-from jaxpar.config import ConfigError
+from jaxpar.config import TrainConfig, with_options
+from jaxpar.errors import ConfigError
 from jaxpar.parallel import STRATEGIES
-from experiments.speedup import device_rows, load_points
 
-DP_STRATEGIES = tuple(n for n, c in STRATEGIES.items() if c.family == "data parallel")
-POINT_TIMEOUT_S = 600  # one bench process (or mpiexec job); a hang must not stall the study
-QUICK_TIMEOUT_S = 120
-
-
-def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="results/scaling", help="output folder (default: results/scaling)")
-    p.add_argument("--quick", action="store_true", help="tiny MLP, 1 and 2 devices (or ranks), strong "
-                                                        "scaling only, few steps")
-    p.add_argument("--models", default="mlp,cnn", help="comma-separated (default: mlp,cnn)")
-    p.add_argument("--strategies", default=None,
-                   help=f"comma-separated (default: {','.join(DP_STRATEGIES)}; with --ranks: "
-                        f"{','.join(rank_scaling.MPI_STRATEGIES)})")
-    p.add_argument("--device-counts", default="1,2,4,8", help="comma-separated (default: 1,2,4,8)")
-    p.add_argument("--ranks", default=None,
-                   help="comma-separated MPI process counts, e.g. 1,2: rank scaling (one thread "
-                        "per rank) beside its single-process baselines, instead of the device study")
-    p.add_argument("--baseline-strategies", default=",".join(rank_scaling.BASELINE_STRATEGIES),
-                   help="with --ranks: single-process strategies run on --device-counts devices "
-                        "for the best single-process baseline (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=128,
-                   help="global batch (strong) or per-device/per-rank batch (weak) (default: 128)")
-    p.add_argument("--modes", default="strong,weak", help="strong,weak (default: both)")
-    p.add_argument("--iters", type=int, default=20, help="timed steps per point (default: 20)")
+MODES = ("strong", "weak")
 
 
 @dataclass(frozen=True)
-class Point:
-    """One bench run. ranks None: a device point (one process, default threads); ranks R: R
-    single-threaded processes (under mpiexec when R > 1), one device each."""
-    mode: str
-    model: str
-    strategy: str
-    devices: int = 1
-    ranks: int | None = None
-
-    def folder(self) -> str:
-        if self.ranks is None:
-            return f"{self.mode}/{self.model}-{self.strategy}-{self.devices}"
-        return f"ranks/{self.mode}/{self.model}-{self.strategy}-r{self.ranks}"
-
-    def batch(self, per_worker: int) -> int:
-        return per_worker * ((self.ranks or self.devices) if self.mode == "weak" else 1)
+class ScalingConfig:
+    out: str = options.out("scaling")
+    models: tuple[str, ...] = option(("mlp", "cnn"), "models, one figure panel per mode each", choices="model")
+    width: int | None = options.train_option("width")
+    depth: int | None = options.train_option("depth")
+    strategies: tuple[str, ...] | None = option(None, "strategies of the device points (default: the data-parallel family); with --ranks they are the single-process baselines", choices="strategy")
+    device_counts: tuple[int, ...] = option((1, 2, 4, 8), "simulated device counts (1: single alone, the baseline)")
+    ranks: tuple[int, ...] | None = option(None, "MPI process counts, e.g. 1,2: rank points (one thread per rank) beside the device points (default: none)")
+    rank_strategies: tuple[str, ...] = option(("mpi-allreduce", "mpi-param-server", "dp-auto"), "strategies of the rank points (any that runs across processes)", choices="strategy")
+    batch_size: int = option(128, "global batch (strong) or per-device/per-rank batch (weak)")
+    modes: tuple[str, ...] = option(MODES, "strong (fixed global batch) and/or weak (fixed batch per device or rank)")
+    iters: int = options.iters()
+    warmup: int = options.warmup()
+    timeout: int = options.timeout()
 
 
-def plan(args: argparse.Namespace) -> tuple[list[Point], list[str]]:
-    """The study's points and the bench flags they share; checks the flags before any work."""
-    models, modes = args.models.split(","), args.modes.split(",")
-    counts = _ints("--device-counts", args.device_counts)
-    ranks = _ints("--ranks", args.ranks) if args.ranks else None
-    default = rank_scaling.MPI_STRATEGIES if ranks else DP_STRATEGIES
-    strategies = args.strategies.split(",") if args.strategies else list(default)
-    extra: list[str] = []
-    if args.quick:
-        models, extra = ["mlp"], ["--width", "64", "--depth", "1", "--warmup", "1"]
-        args.iters, modes = 3, ["strong"]
-        counts, strategies = ([1], strategies[:1]) if ranks else ([1, 2], strategies[:2])
-        if ranks:
-            ranks = [1, 2]
-    baseline = args.baseline_strategies.split(",") if ranks else strategies
-    if ranks:
-        rank_scaling.check(strategies, ranks)
-    points = [Point(mode, model, strategy, n) for mode in modes for model in models
-              for n in counts for strategy in (["single"] if n == 1 else baseline)]
-    if ranks:
-        points += [Point(mode, model, strategy, ranks=r) for mode in modes for model in models
-                   for r in ranks for strategy in (["single"] if r == 1 else strategies)]
-    return points, extra
+# A tiny MLP on 1 and 2 devices (or ranks), strong scaling only, a few steps.
+QUICK = dataclasses.replace(
+    ScalingConfig(), models=("mlp",), width=64, depth=1, strategies=("dp-pmap", "dp-shard-map"),
+    device_counts=(1, 2), rank_strategies=("mpi-allreduce",), modes=("strong",), iters=3,
+    warmup=1, timeout=120)
 
 
-def _ints(flag: str, text: str) -> list[int]:
-    try:
-        return [int(v) for v in text.split(",")]
-    except ValueError:
-        raise ConfigError(f"{flag} takes comma-separated whole numbers, e.g. 1,2; got {text!r}") from None
+def plan(config: ScalingConfig) -> list[Point]:
+    """The study's points; checks every option before any work."""
+    bad = [m for m in config.modes if m not in MODES]
+    if bad:
+        raise ConfigError(f"--modes takes {' and/or '.join(MODES)}, got {', '.join(bad)}")
+    at_least(config, 1, "batch_size", "device_counts", "iters")
+    at_least(config, 0, "warmup")
+    if config.ranks:
+        rank_scaling.check(config.rank_strategies, config.ranks)
+    device = config.strategies or tuple(n for n, c in STRATEGIES.items() if c.family == "data parallel")
+    found = [point(config, mode, model, strategy, devices=n) for mode in config.modes
+             for model in config.models for n in config.device_counts
+             for strategy in ([REFERENCE] if n == 1 else device)]
+    for r in config.ranks or ():
+        found += [point(config, mode, model, strategy, ranks=r) for mode in config.modes
+                  for model in config.models
+                  for strategy in ([REFERENCE] if r == 1 else config.rank_strategies)]
+    return found
 
 
-def bench_command(point: Point, batch: int, iters: int, extra: list[str]) -> list[str]:
-    """The `bench` command line of one point (under mpiexec for a multi-rank point)."""
-    bench = [sys.executable, "-m", "experiments", "bench", "--model", point.model,
-             "--strategy", point.strategy, "--devices", str(point.devices), "--batch-size",
-             str(batch), "--iters", str(iters), "--no-matmul-peak", *extra]
-    return bench if point.ranks is None else rank_scaling.command(point.ranks, bench)
+def point(config: ScalingConfig, mode: str, model: str, strategy: str, devices: int = 1,
+          ranks: int | None = None) -> Point:
+    """One bench point. ranks None: one process of `devices` devices, default threads; ranks
+    R: R single-threaded processes (under mpiexec when R > 1), one device each."""
+    workers = ranks or devices
+    train = with_options(TrainConfig(), dataset="synthetic", model=model, width=config.width,
+                         depth=config.depth, strategy=strategy, devices=devices,
+                         batch_size=config.batch_size * (workers if mode == "weak" else 1),
+                         single_thread=ranks is not None)
+    folder = (f"{mode}/{model}-{strategy}-{devices}" if ranks is None
+              else f"ranks/{mode}/{model}-{strategy}-r{ranks}")
+    # --no-matmul-peak: speed-ups are ratios of images/s; a peak costs seconds a point.
+    bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False)
+    return Point(folder, train, bench, ranks, {"mode": mode})
 
 
-def run(args: argparse.Namespace) -> list[Path]:
-    points, extra = plan(args)
-    out = results.ensure_writable(args.out)
-    # Resuming a stopped study: points whose result file is complete are not run again.
-    todo = pending(points, lambda p: out / p.folder() / results.RESULT_FILE)
-    if len(todo) < len(points):
-        print(f"{len(points) - len(todo)} of {len(points)} points already done in {out}; running the rest")
-    timeout = QUICK_TIMEOUT_S if args.quick else POINT_TIMEOUT_S
-    written = []
-    for point in todo:
-        batch = point.batch(args.batch_size)
-        where = f"devices={point.devices}" if point.ranks is None else f"ranks={point.ranks}"
-        print(f"{point.mode:6} {point.model:4} {point.strategy:16} {where} batch={batch}", flush=True)
-        run_point([*bench_command(point, batch, args.iters, extra), "--out", str(out / point.folder())],
-                  timeout)
-        written.append(out / point.folder())
+def run(config: ScalingConfig) -> list[Path]:
+    """Every point (resuming a stopped study), then OUT/summary.md; returns the point folders."""
+    planned = plan(config)
+    points.run(planned, config.out, config.timeout)
+    out = Path(config.out)
     table = summary(out)
     results.write_atomic(out / "summary.md", table)
     print(table)
-    return written
+    return [out / p.folder for p in planned]
 
 
 def summary(folder: Path) -> str:
     """Markdown tables of every bench result under `folder`: device points with speed-up over
     1 device, then rank points (if any) with speed-up over 1 rank and over the best 1-process."""
-    points = load_points(folder)
-    rows = device_rows(points)
+    found = load_points(folder)
+    rows = device_rows(found)
     lines = ["| mode | model | strategy | devices | global batch | ms/step | images/s | speed-up | "
              "efficiency | collective B/step (theory) | state B/device |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -150,5 +119,10 @@ def summary(folder: Path) -> str:
         env = rows[0]["env"]
         lines.append(f"\n{env['cpu_cores']} CPU cores shared by all simulated devices of a point; "
                      f"threads: {env['threads']}; jax {env['jax']}; one process per point.")
-    ranks = rank_scaling.table(points)
+    ranks = rank_scaling.table(found)
     return "\n".join(lines) + "\n" + (f"\n{ranks}" if ranks else "")
+
+
+STUDY = Study("scaling", "data-parallel strategies over device counts (or MPI ranks: --ranks), strong "
+                         "and weak scaling (one bench process per point); writes OUT/summary.md",
+              ScalingConfig, QUICK, run)

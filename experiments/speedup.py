@@ -4,7 +4,8 @@
     device_rows(points)   # 1 process, N simulated devices sharing every core
     rank_rows(points)     # R MPI processes, one pinned thread each
 
-Two kinds of point live in one results folder:
+Each point's result records its mode (config["point"]["labels"]["mode"], written by the
+study), never inferred from where the file lies. Two kinds of point live in one results folder:
   - device points: one process, N simulated CPU devices, XLA's default threads (all cores);
     speed-up over `single` on 1 device of the same mode and model;
   - rank points (run with --single-thread): R processes, one thread each; speed-up over ONE
@@ -21,15 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from jaxpar import results
+from jaxpar.errors import ResultsError
+from jaxpar.parallel import STRATEGIES
+
+# The baseline of every speed-up: the reference family's strategy (one device, plain jit).
+REFERENCE = next(name for name, cls in STRATEGIES.items() if cls.family == "reference")
 
 
 def load_points(folder: str | Path) -> list[dict[str, Any]]:
-    """One flat record per bench result under `folder` (mode from its OUT/<mode>/ folder)."""
+    """One flat record per bench result under `folder`, with the mode its point recorded."""
     points = []
     for path in sorted(Path(folder).rglob(results.RESULT_FILE)):
         r = results.load(path)
         m, env = r.metrics, r.env
-        mode = "weak" if "/weak/" in str(r.config.get("out") or "") else "strong"
+        mode = recorded_mode(r, path)
         points.append({
             "mode": mode,
             "model": r.config["model"]["model"],
@@ -53,17 +59,27 @@ def load_points(folder: str | Path) -> list[dict[str, Any]]:
     return points
 
 
+def recorded_mode(result: results.RunResult, path: Path) -> str:
+    """'strong' or 'weak', as the scaling study recorded it in the point's result."""
+    try:
+        return result.config["point"]["labels"]["mode"]
+    except (KeyError, TypeError):
+        raise ResultsError(f"{path} does not record its scaling mode (strong or weak): it was not "
+                           f"written by the scaling study; run `python -m experiments scaling` "
+                           f"into a fresh --out") from None
+
+
 def device_rows(points: list[dict]) -> list[dict]:
     """Device points with 'speedup' (over `single` on 1 device) and 'efficiency' (/ devices)."""
     rows = [p for p in points if not p["single_thread"]]
     base = {p["group"]: p["images_per_sec"] for p in rows
-            if p["devices"] == 1 and p["strategy"] == "single"}
+            if p["devices"] == 1 and p["strategy"] == REFERENCE}
     out = []
     for p in rows:
         b = base.get(p["group"])
         speed = p["images_per_sec"] / b if b else float("nan")
         out.append({**p, "speedup": speed, "efficiency": speed / p["devices"]})
-    return sorted(out, key=lambda r: (r["mode"], r["model"], r["strategy"] != "single",
+    return sorted(out, key=lambda r: (r["mode"], r["model"], r["strategy"] != REFERENCE,
                                       r["strategy"], r["devices"]))
 
 
@@ -78,7 +94,7 @@ def rank_rows(points: list[dict]) -> list[dict]:
     'speedup_vs_best' over the best single-process point and 'best' (that point)."""
     rows = [p for p in points if p["single_thread"]]
     base = {p["group"]: p["images_per_sec"] for p in rows
-            if p["ranks"] == 1 and p["strategy"] == "single"}
+            if p["ranks"] == 1 and p["strategy"] == REFERENCE}
     out = []
     for p in rows:
         b = base.get(p["group"])
@@ -86,7 +102,7 @@ def rank_rows(points: list[dict]) -> list[dict]:
         speed = p["images_per_sec"] / b if b else float("nan")
         out.append({**p, "speedup": speed, "efficiency": speed / p["ranks"], "best": best,
                     "speedup_vs_best": p["images_per_sec"] / best["images_per_sec"] if best else float("nan")})
-    return sorted(out, key=lambda r: (r["mode"], r["model"], r["strategy"] != "single",
+    return sorted(out, key=lambda r: (r["mode"], r["model"], r["strategy"] != REFERENCE,
                                       r["strategy"], r["ranks"]))
 
 

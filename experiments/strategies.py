@@ -5,79 +5,70 @@ states one), parameter + optimizer state and temporary (activation) memory per d
     python -m experiments strategies --out figures/data/strategies     # full: minutes
     python -m experiments strategies --quick --out /tmp/strategies     # 3 strategies, seconds
 
-One `bench --no-matmul-peak` process per strategy (`experiments.points.bench_point`: a stopped
-study resumes, complete points are not run again): every single-process strategy on --devices
-simulated devices with a mesh that uses all of them (`mesh_for`), the MPI strategies as
---devices single-threaded ranks when mpi4jax is installed (else recorded as skipped, with
-why). Writes OUT/points/<strategy>/result.json, OUT/strategies.json (RunResult: config, env,
-metrics.rows; `experiments.plots.strategies_bars` draws it) and OUT/summary.md, atomically.
+One `bench` point per strategy (`experiments.points`: a stopped study resumes, complete points
+are not run again): every single-process strategy on --devices simulated devices with its
+default mesh over all of them (`mesh_for`), the MPI strategies as --devices single-threaded
+ranks when mpi4jax is installed (else recorded as skipped, with why). Writes
+OUT/points/<strategy>/result.json, OUT/strategies.json (RunResult: config, env, metrics.rows;
+`experiments.plots.strategies_bars` draws it) and OUT/summary.md, atomically.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.util
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.points import PointError, bench_point, reusable
+from experiments import options, points
+from experiments.options import BenchOptions, option
+from experiments.points import Point, PointError, mpiexec
+from experiments.study import Study, at_least
 from jaxpar import results
-from jaxpar.config import ConfigError
-from jaxpar.mesh import DATA, STAGE, TENSOR, format_mesh, parse_mesh
+from jaxpar.config import TrainConfig, with_options
+from jaxpar.errors import ConfigError
+from jaxpar.mesh import STAGE, TENSOR, format_mesh
 from jaxpar.parallel import STRATEGIES
-
-POINT_TIMEOUT_S = 600  # one bench process (or mpiexec job); a hang must not stall the study
-QUICK_TIMEOUT_S = 120
-# --quick: enough to check the study's properties (no communication for single; fsdp keeps
-# 1/N of dp-auto's state; explicit collectives equal theory), one process of seconds each.
-QUICK_STRATEGIES = ("single", "dp-auto", "fsdp")
+from jaxpar.parallel.mpi_common import INSTALL_HINT
+from jaxpar.parallel.pipeline import Pipeline
 
 
-def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="results/strategies", help="output folder (default: results/strategies)")
-    p.add_argument("--quick", action="store_true",
-                   help=f"stack-mlp width 32 depth 4, {','.join(QUICK_STRATEGIES)}, 3 timed steps")
-    p.add_argument("--model", default="stack-mlp", help="model every strategy runs (default: stack-mlp; "
-                                                        "tensor, pipeline, layer-split and hybrid need "
-                                                        "identical blocks)")
-    p.add_argument("--width", type=int, default=256, help="hidden width (default: 256)")
-    p.add_argument("--depth", type=int, default=8, help="blocks (default: 8; a multiple of --devices "
-                                                        "for pipeline and layer-split)")
-    p.add_argument("--devices", type=int, default=4,
-                   help="devices every strategy uses (MPI strategies: that many ranks) (default: 4)")
-    p.add_argument("--batch-size", type=int, default=128, help="global batch (default: 128)")
-    p.add_argument("--microbatches", type=int, default=8,
-                   help="pipeline and hybrid micro-batches per global batch (default: 8)")
-    p.add_argument("--iters", type=int, default=20, help="timed steps per strategy (default: 20)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
-    p.add_argument("--strategies", default=None,
-                   help="comma-separated (default: every strategy; --quick: "
-                        f"{','.join(QUICK_STRATEGIES)})")
+@dataclass(frozen=True)
+class StrategiesConfig:
+    out: str = options.out("strategies")
+    # stack-mlp: tensor, pipeline, layer-split and hybrid need identical blocks.
+    model: str = options.train_option("model", "stack-mlp")
+    width: int | None = options.train_option("width", 256)
+    depth: int | None = options.train_option("depth", 8)  # a multiple of --devices: stages
+    devices: int = option(4, "devices every strategy uses (MPI strategies: that many ranks)")
+    batch_size: int = options.train_option("batch_size")
+    microbatches: int = options.train_option("microbatches", 8)
+    strategies: tuple[str, ...] | None = option(None, "strategies to measure (default: every strategy)", choices="strategy")
+    iters: int = options.iters()
+    warmup: int = options.warmup()
+    timeout: int = options.timeout()
+
+
+# Enough to check the study's properties (no communication for single; fsdp keeps 1/N of
+# dp-auto's state; explicit collectives equal theory), one process of seconds each.
+QUICK = dataclasses.replace(StrategiesConfig(), width=32, depth=4, iters=3, warmup=1, timeout=120,
+                            strategies=("single", "dp-auto", "fsdp"))
 
 
 def mesh_for(strategy: str, devices: int) -> str:
     """The --mesh a single-process strategy takes on `devices` devices: its own default
-    (`Strategy.default_mesh`), written out so the point's command line says it."""
-    if strategy == "single":
-        return ""
-    return format_mesh(STRATEGIES[strategy].default_mesh(devices))
+    (`Strategy.default_mesh`), written out so the point's config says it ('' for one device)."""
+    axes = STRATEGIES[strategy].default_mesh(devices)
+    return "" if math.prod(axes.values()) == 1 else format_mesh(axes)
 
 
 def _is_mpi(strategy: str) -> bool:
     return STRATEGIES[strategy].uses_mpi
 
 
-def _split(names: list[str], axis: str, devices: int) -> list[str]:
-    """The strategies of `names` that cut the model over `axis` on all `devices` devices."""
-    return [s for s in names if not _is_mpi(s)
-            and STRATEGIES[s].default_mesh(devices).get(axis, 1) == devices > 1]
-
-
 def _mpi_missing() -> str | None:
     """Why the MPI strategies cannot run here, or None when they can."""
-    from experiments.rank_scaling import mpiexec
-    from jaxpar.parallel.mpi_common import INSTALL_HINT
-
     if importlib.util.find_spec("mpi4jax") is None:
         return f"mpi4jax is not installed in this venv; {INSTALL_HINT}"
     if not mpiexec().exists():
@@ -85,98 +76,66 @@ def _mpi_missing() -> str | None:
     return None
 
 
-def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, str], dict]:
-    """Check the options before any work (ConfigError names the fix); apply --quick.
-
-    Returns:
-      (strategies to run, {strategy: reason} of those skipped, the study config)
-    """
-    if args.quick:
-        args.width, args.depth, args.iters, args.warmup = 32, 4, 3, 1
-    # default order: by family (reference, data, model, hybrid, multi-process), as the table reads
-    everything = list(STRATEGIES)  # by family, as the registry lists them
-    names = args.strategies.split(",") if args.strategies else (
-        list(QUICK_STRATEGIES) if args.quick else everything)
-    unknown = [n for n in names if n not in STRATEGIES]
-    if unknown:
-        raise ConfigError(f"--strategies: unknown {', '.join(unknown)}; choose from {', '.join(everything)}")
-    _check(args, names)
-    n, skipped = args.devices, {}
-    mpi = [s for s in names if _is_mpi(s)]
-    why = _mpi_missing() if mpi else None
-    if why:
-        skipped = {s: why for s in mpi}
-    elif mpi and n < 2:
-        skipped = {s: "MPI strategies need --devices >= 2 ranks" for s in mpi}
-    config = {"model": args.model, "width": args.width, "depth": args.depth, "devices": n,
-              "batch_size": args.batch_size, "microbatches": args.microbatches, "iters": args.iters,
-              "warmup": args.warmup, "quick": args.quick, "strategies": names,
-              "meshes": {s: ("" if _is_mpi(s) else mesh_for(s, n)) for s in names}}
-    return [s for s in names if s not in skipped], skipped, config
-
-
-def _check(args: argparse.Namespace, names: list[str]) -> None:
-    """Every option value, for every strategy in `names`, before any work."""
-    from jaxpar.models import MODELS
-
-    if args.model not in MODELS:
-        raise ConfigError(f"--model {args.model!r}: choose from {', '.join(MODELS)}")
-    for flag, value in (("--devices", args.devices), ("--batch-size", args.batch_size),
-                        ("--iters", args.iters), ("--microbatches", args.microbatches),
-                        ("--width", args.width), ("--depth", args.depth)):
-        if value < 1:
-            raise ConfigError(f"{flag} must be >= 1, got {value}")
-    if args.warmup < 0:
-        raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
-    n, bad = args.devices, []
-    for s in names:
-        takes = STRATEGIES[s].models
-        if takes is not None and args.model not in takes:
-            bad.append(f"{s} takes --model {' or '.join(takes)}")
-    if _split(names, STAGE, n) and args.depth % n:
-        bad.append(f"--depth {args.depth} blocks do not split into {n} stages (pipeline, layer-split): "
-                   f"make --depth a multiple of --devices")
-    if _split(names, TENSOR, n) and args.width % n:
-        bad.append(f"--width {args.width} does not split over tensor={n}: make it a multiple of --devices")
-    if "hybrid" in names and n % 2:
-        bad.append(f"hybrid runs 2 stages: give an even --devices, not {n}")
-    if "pipeline" in names and n < 2:
-        bad.append("pipeline needs --devices >= 2 stages")
-    for name in ("pipeline", "hybrid"):
-        if name not in names or (name == "hybrid" and n % 2):
-            continue
-        shards = parse_mesh(mesh_for(name, n)).get(DATA, 1)
-        if args.batch_size % (shards * args.microbatches):
-            bad.append(f"{name}: --microbatches {args.microbatches} must divide the --batch-size "
-                       f"{args.batch_size} rows of each of its {shards} data shard(s)")
-    if args.batch_size % n:
-        bad.append(f"--batch-size {args.batch_size} must be a multiple of --devices {n}")
+def plan(config: StrategiesConfig) -> tuple[list[str], dict[str, str]]:
+    """(strategies to run, {strategy: why} of those skipped); checks every option first."""
+    names = list(config.strategies or STRATEGIES)  # by family, as the registry lists them
+    at_least(config, 1, "devices", "batch_size", "iters", "microbatches", "width", "depth")
+    at_least(config, 0, "warmup")
+    bad = [problem for s in names for problem in _problems(s, config)]
+    if config.batch_size % config.devices:
+        bad.append(f"--batch-size {config.batch_size} must be a multiple of --devices {config.devices}")
     if bad:
         raise ConfigError("; ".join(bad) + " (or leave those strategies out with --strategies)")
+    mpi = [s for s in names if _is_mpi(s)]
+    why = None
+    if mpi:
+        why = _mpi_missing() or ("MPI strategies need --devices >= 2 ranks" if config.devices < 2 else None)
+    skipped = {s: why for s in mpi} if why else {}
+    return [s for s in names if s not in skipped], skipped
 
 
-def bench_flags(strategy: str, config: dict) -> list[str]:
-    """One point's `bench` flags (an MPI point: those of each rank, one device each)."""
+def _problems(strategy: str, config: StrategiesConfig) -> list[str]:
+    """What stops `strategy` from running this config, read from its class attributes: the
+    models it takes, its default mesh, the axes that cut blocks or widths, its micro-batches."""
+    cls, n = STRATEGIES[strategy], config.devices
+    try:
+        cls.check_model(config.model)
+        axes = {} if cls.uses_mpi else cls.default_mesh(n)
+    except ConfigError as e:
+        return [f"{strategy}: {e}"]
+    stages, tensor = axes.get(STAGE, 1), axes.get(TENSOR, 1)
+    found = []
+    if config.depth % stages:
+        found.append(f"{strategy}: --depth {config.depth} blocks do not split into {stages} stages: "
+                     f"make --depth a multiple of {stages}")
+    if config.width % tensor:
+        found.append(f"{strategy}: --width {config.width} does not split over tensor={tensor}")
+    if issubclass(cls, Pipeline):  # a pipeline schedule: stages and micro-batches
+        shards = axes.get(cls.data_axis, 1) if cls.data_axis else 1
+        if stages < 2:
+            found.append(f"{strategy} needs --devices >= 2 stages")
+        if config.batch_size % (shards * config.microbatches):
+            found.append(f"{strategy}: --microbatches {config.microbatches} must divide the "
+                         f"--batch-size {config.batch_size} rows of each of its {shards} data shard(s)")
+    return found
+
+
+def point(strategy: str, config: StrategiesConfig) -> Point:
+    """One strategy's bench point (an MPI strategy: --devices ranks of one device each)."""
     mpi = _is_mpi(strategy)
-    flags = ["--model", config["model"], "--width", str(config["width"]), "--depth",
-             str(config["depth"]), "--strategy", strategy, "--devices", "1" if mpi else
-             str(config["devices"]), "--batch-size", str(config["batch_size"]), "--iters",
-             str(config["iters"]), "--warmup", str(config["warmup"]), "--no-matmul-peak"]
-    if config["meshes"][strategy]:
-        flags += ["--mesh", config["meshes"][strategy]]
-    if strategy in ("pipeline", "hybrid"):
-        flags += ["--microbatches", str(config["microbatches"])]
-    return flags
+    train = with_options(
+        TrainConfig(), dataset="synthetic", model=config.model, width=config.width,
+        depth=config.depth, strategy=strategy, devices=1 if mpi else config.devices,
+        mesh="" if mpi else mesh_for(strategy, config.devices), batch_size=config.batch_size,
+        microbatches=config.microbatches, single_thread=mpi)
+    # --no-matmul-peak: strategies are compared with one another; a peak costs seconds a point.
+    bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False)
+    return Point(f"points/{strategy}", train, bench, config.devices if mpi else None)
 
 
-def _ranks(strategy: str, config: dict) -> int | None:
-    """An MPI strategy's rank count (one device each); None for a single-process strategy."""
-    return config["devices"] if _is_mpi(strategy) else None
-
-
-def row(strategy: str, result: dict) -> dict:
-    """One table row from a bench result dict."""
-    m, env, desc = result["metrics"], result["env"], result["strategy"]
+def row(strategy: str, result: results.RunResult) -> dict:
+    """One table row from a strategy's bench result."""
+    m, env, desc = result.metrics, result.env, result.strategy
     theory = m.get("collective_bytes_theory") or {}
     mem = m["memory_per_device"]
     processes = env.get("mpi_ranks", 1)
@@ -205,36 +164,26 @@ def row(strategy: str, result: dict) -> dict:
     }
 
 
-def run(args: argparse.Namespace) -> list[Path] | None:
+def run(config: StrategiesConfig) -> list[Path] | None:
     """Every strategy's point, then OUT/strategies.json and OUT/summary.md (atomically).
     Returns their paths, or None when a point failed (the others are still written)."""
-    names, skipped, config = plan(args)
-    out = results.ensure_writable(args.out)
-    # Points left by an earlier run: reused when measured with these settings, refused
-    # (ConfigError) when not, all before any work.
-    done = [s for s in names if reusable(out / "points" / s, bench_flags(s, config), _ranks(s, config))]
-    if done:
-        print(f"{len(done)} of {len(names)} points already done in {out}; running the rest")
-    timeout = QUICK_TIMEOUT_S if args.quick else POINT_TIMEOUT_S
+    names, skipped = plan(config)
+    outcomes = points.run([point(s, config) for s in names], config.out, config.timeout,
+                          keep_going=True)
     rows, failed, env = [], {}, None
-    for strategy in names:
-        folder = out / "points" / strategy
-        mpi = _is_mpi(strategy)
-        where = f"{config['devices']} ranks" if mpi else f"mesh {config['meshes'][strategy] or 'one device'}"
-        print(f"{strategy:16} {where}", flush=True)
-        try:
-            result = bench_point(folder, bench_flags(strategy, config), timeout, _ranks(strategy, config))
-        except PointError as e:
-            print(f"  failed: {e}", flush=True)
-            failed[strategy] = str(e)[-2000:]
+    for strategy, result in zip(names, outcomes):
+        if isinstance(result, PointError):
+            failed[strategy] = str(result)[-2000:]
             continue
         rows.append(row(strategy, result))
-        print(f"  {rows[-1]['ms_per_step']:.2f} ms/step, {rows[-1]['images_per_sec']:,.0f} images/s",
-              flush=True)
-        if not mpi and env is None:
-            env = result["env"]  # the machine as the single-process points see it
-    study = results.RunResult(kind="strategies", config=config, env=env or results.environment(),
+        if not _is_mpi(strategy) and env is None:
+            env = result.env  # the machine as the single-process points see it
+    asked = list(config.strategies or STRATEGIES)
+    record = {**dataclasses.asdict(config), "strategies": asked,
+              "meshes": {s: "" if _is_mpi(s) else mesh_for(s, config.devices) for s in asked}}
+    study = results.RunResult(kind="strategies", config=record, env=env or results.environment(),
                               metrics={"rows": rows, "skipped": skipped, "failed": failed})
+    out = Path(config.out)
     paths = [results.write_atomic(out / "strategies.json", study.to_json() + "\n"),
              results.write_atomic(out / "summary.md", summary(dataclasses.asdict(study)))]
     print(paths[1].read_text())
@@ -274,3 +223,9 @@ def summary(study: dict) -> str:
         status = "skipped" if name in m["skipped"] else "failed"
         lines.append(f"\n{name}: {status} ({why.strip().splitlines()[-1] if why.strip() else ''})")
     return "\n".join(lines) + "\n"
+
+
+STUDY = Study("strategies", "one model under every strategy on the same devices: step time, images/s, "
+                            "collective bytes, state and temp memory per device (one bench process "
+                            "per strategy); writes OUT/strategies.json and OUT/summary.md",
+              StrategiesConfig, QUICK, run)

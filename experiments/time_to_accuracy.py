@@ -1,9 +1,10 @@
 """Time-to-accuracy study: wall time, steps and images/s to a target *validation* accuracy for
 the MLP, the CNN and the ResNet under each strategy, test accuracy measured at the end.
 
-One `python -m experiments train --target-accuracy T` process per (model, strategy) point (its
-device count is fixed before JAX starts), all with the same global batch, seed and validation
-split, so the data-parallel strategies follow single's trajectory and differ only in time.
+One `train --target-accuracy T` point per (model, strategy) (`experiments.points`: its device
+count is fixed before JAX starts; jaxpar.train's loop), all with the same global batch, seed
+and validation split, so the data-parallel strategies follow single's trajectory and differ
+only in time (local-sgd, when asked for, follows its own).
 
     python -m experiments time-to-accuracy --out figures/data/time_to_accuracy  # minutes, see below
     python -m experiments time-to-accuracy --quick --out /tmp/tta                  # seconds
@@ -12,9 +13,9 @@ Writes OUT/<model>-<strategy>/result.json per point (a stopped study resumes: co
 are not run again), OUT/time_to_accuracy.json (rows, config, env) and OUT/summary.md.
 Time to target counts training steps only: compilation (reported apart) and validation are
 left out. The learning rate is constant (Adam), so the budget (--max-epochs) caps a run
-without changing its trajectory. ResNet's batch norm under the shard_map strategies
-(dp-shard-map, fsdp) normalises with per-shard batch statistics, so its trajectory can differ
-from single's (dp-auto, one global-batch program, normalises over the whole batch like single).
+without changing its trajectory. Batch norm (the ResNet's) under a strategy whose step runs
+per shard (`Strategy.batch_norm_per_shard`: dp-shard-map, fsdp, ...) normalises with per-shard
+batch statistics, so its trajectory can differ from single's.
 
 The full run took 6 min on a 2-core machine with nothing else running; most of it is the CNN
 and ResNet points (process start, data, compilation and 75 steps each).
@@ -22,167 +23,153 @@ and ResNet points (process start, data, compilation and 75 steps each).
 
 from __future__ import annotations
 
-import argparse
-import sys
+import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.points import run_point
+from flax import nnx
+
+from experiments import options, points
+from experiments.options import option
+from experiments.points import Point
+from experiments.study import Study, at_least
 from jaxpar import results
-from experiments.points import pending
-from jaxpar.config import ConfigError
+from jaxpar.config import TrainConfig, flat_fields, with_options
+from jaxpar.errors import ConfigError
+from jaxpar.models import takes
+from jaxpar.parallel import STRATEGIES
+from jaxpar.train import build_model
 
 RESULTS_FILE = "time_to_accuracy.json"
-# Strategies that train on the same global batch as single (same trajectory, up to
-# reduction order and batch-norm statistics); local-sgd and model parallelism are other studies.
-CHOICES = ("single", "dp-pmap", "dp-shard-map", "dp-auto", "fsdp")
-DEFAULT_STRATEGIES = ("single", "dp-shard-map", "dp-auto", "fsdp")
-DEFAULT_MODELS = ("mlp", "cnn", "resnet")
-# Strategies whose step runs per shard (shard_map, pmap): batch norm there normalises with each
-# shard's own batch statistics. dp-auto is one global-batch program, like single.
-PER_SHARD_BATCH_NORM = ("dp-pmap", "dp-shard-map", "fsdp")
-# Validation accuracies each model reaches within a few hundred steps at batch 128 (Adam 1e-3,
-# constant), so the full study takes minutes on a 2-core CPU: MLP at step 175, CNN and ResNet
-# (the slowest step by far) at step 75, every strategy.
-DEFAULT_TARGETS = {"mlp": 0.84, "cnn": 0.82, "resnet": 0.70}
-POINT_TIMEOUT_S = 1200  # one train process, even one that never reaches its target
-QUICK_TIMEOUT_S = 120
-# --quick: a small MLP on the synthetic set, single against one data-parallel strategy.
-QUICK = {"models": ("mlp",), "strategies": ("single", "dp-shard-map"), "targets": {"mlp": 0.9},
-         "flags": ["--dataset", "synthetic", "--synthetic-size", "3000", "--width", "64", "--depth", "1"],
-         "val_size": 500, "batch_size": 50, "eval_every": 2, "max_epochs": 1}
-
-
-def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="results/time-to-accuracy",
-                   help="output folder (default: results/time-to-accuracy)")
-    p.add_argument("--quick", action="store_true",
-                   help="small MLP on synthetic data, single and dp-shard-map (seconds)")
-    p.add_argument("--models", default=None,
-                   help=f"comma-separated (default: {','.join(DEFAULT_MODELS)})")
-    p.add_argument("--strategies", default=None,
-                   help=f"comma-separated, of {','.join(CHOICES)} (default: {','.join(DEFAULT_STRATEGIES)})")
-    p.add_argument("--devices", type=int, default=2,
-                   help="simulated devices of the data-parallel points; single uses 1 (default: 2)")
-    p.add_argument("--targets", default="",
-                   help="validation accuracy to reach per model, model=acc,... (default: "
-                        f"{','.join(f'{m}={a}' for m, a in DEFAULT_TARGETS.items())})")
-    p.add_argument("--batch-size", type=int, default=128, help="global batch, every strategy (default: 128)")
-    p.add_argument("--max-epochs", type=int, default=2,
-                   help="budget per point; a point that runs out is reported as not reached (default: 2)")
-    p.add_argument("--eval-every", type=int, default=25,
-                   help="validate every N steps: the resolution of steps to target (default: 25)")
-    p.add_argument("--val-size", type=int, default=2000,
-                   help="validation examples carved (seeded) from train (default: 2000)")
-    p.add_argument("--seed", type=int, default=0, help="seeds parameters, split and data order (default: 0)")
 
 
 @dataclass(frozen=True)
-class Point:
-    model: str
-    strategy: str
-    devices: int
-    target: float
+class TimeToAccuracyConfig:
+    out: str = options.out("time-to-accuracy")
+    models: tuple[str, ...] = option(("mlp", "cnn", "resnet"), "models, one group of points each", choices="model")
+    # Strategies that train on the same global batch as single (same trajectory, up to
+    # reduction order and batch-norm statistics).
+    strategies: tuple[str, ...] = option(("single", "dp-shard-map", "dp-auto", "fsdp"), "strategies, one point per model each", choices="strategy")
+    devices: int = option(2, "simulated devices of the points whose strategy spreads over devices (single uses 1)")
+    # Validation accuracies each model reaches within a few hundred steps at batch 128 (Adam
+    # 1e-3, constant), so the full study takes minutes on a 2-core CPU: MLP at step 175, CNN
+    # and ResNet (the slowest step by far) at step 75, every strategy.
+    targets: tuple[str, ...] = option(("mlp=0.84", "cnn=0.82", "resnet=0.70"), "validation accuracy to reach per model, model=accuracy")
+    dataset: str = options.train_option("dataset")
+    synthetic_size: int = options.train_option("synthetic_size")
+    width: int | None = options.train_option("width")
+    depth: int | None = options.train_option("depth")
+    batch_size: int = options.train_option("batch_size")
+    max_epochs: int = options.max_epochs()
+    eval_every: int = options.train_option("eval_every", 25)  # the resolution of steps to target
+    val_size: int = options.val_size()
+    seed: int = options.seed()
+    timeout: int = options.timeout()
 
-    def folder(self) -> str:
-        return f"{self.model}-{self.strategy}"
+
+# A small MLP on the synthetic set, single against one data-parallel strategy.
+QUICK = dataclasses.replace(
+    TimeToAccuracyConfig(), models=("mlp",), strategies=("single", "dp-shard-map"),
+    targets=("mlp=0.9",), dataset="synthetic", synthetic_size=3000, width=64, depth=1,
+    val_size=500, batch_size=50, eval_every=2, max_epochs=1, timeout=120)
 
 
-def _names(flag: str, text: str | None, default: tuple[str, ...], choices: tuple[str, ...]) -> list[str]:
-    names = [n for n in (text.split(",") if text else default) if n]
-    bad = [n for n in names if n not in choices]
-    if bad or not names:
-        raise ConfigError(f"{flag} {text!r}: unknown {', '.join(bad) or '(none given)'}; "
-                          f"choices: {', '.join(choices)}")
-    return names
-
-
-def _targets(text: str, base: dict[str, float]) -> dict[str, float]:
-    targets = dict(base)
-    for item in filter(None, text.split(",")):
+def targets(config: TimeToAccuracyConfig) -> dict[str, float]:
+    """{model: validation accuracy} from --targets; every model run needs one."""
+    found = {}
+    for item in config.targets:
         model, _, value = item.partition("=")
         try:
-            targets[model.strip()] = float(value)
+            found[model.strip()] = float(value)
         except ValueError:
             raise ConfigError(f"--targets takes model=accuracy pairs, e.g. mlp=0.84,cnn=0.82; "
                               f"got {item!r}") from None
-    bad = {m: a for m, a in targets.items() if not 0 < a <= 1}
+    bad = {m: a for m, a in found.items() if not 0 < a <= 1}
     if bad:
         raise ConfigError(f"--targets are validation accuracies in (0, 1]; got {bad}")
-    return targets
-
-
-def plan(args: argparse.Namespace) -> tuple[list[Point], list[str]]:
-    """The study's points and the train flags they share; checks every flag before any work."""
-    from jaxpar.models import MODELS
-
-    models = _names("--models", args.models, QUICK["models"] if args.quick else DEFAULT_MODELS, tuple(MODELS))
-    strategies = _names("--strategies", args.strategies,
-                        QUICK["strategies"] if args.quick else DEFAULT_STRATEGIES, CHOICES)
-    targets = _targets(args.targets, QUICK["targets"] if args.quick else DEFAULT_TARGETS)
-    missing = [m for m in models if m not in targets]
+    missing = [m for m in config.models if m not in found]
     if missing:
         raise ConfigError(f"no target accuracy for {', '.join(missing)}; add it to --targets, "
                           f"e.g. --targets {missing[0]}=0.8")
-    extra: list[str] = []
-    if args.quick:
-        extra = list(QUICK["flags"])
-        for key in ("val_size", "batch_size", "eval_every", "max_epochs"):
-            setattr(args, key, QUICK[key])
-    if args.devices < 2 and any(s != "single" for s in strategies):
-        raise ConfigError(f"--devices {args.devices}: the data-parallel points need at least 2")
-    for flag in ("batch_size", "max_epochs", "eval_every", "val_size"):
-        if getattr(args, flag) < 1:
-            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    shared = [*extra, "--batch-size", str(args.batch_size), "--epochs", str(args.max_epochs),
-              "--val-size", str(args.val_size), "--eval-every", str(args.eval_every),
-              "--seed", str(args.seed), "--lr-schedule", "constant", "--no-progress"]
-    points = [Point(m, s, 1 if s == "single" else args.devices, targets[m])
-              for m in models for s in strategies]
-    return points, shared
+    return found
 
 
-def train_command(point: Point, shared: list[str]) -> list[str]:
-    return [sys.executable, "-m", "experiments", "train", "--model", point.model, "--strategy",
-            point.strategy, "--devices", str(point.devices), "--target-accuracy", str(point.target),
-            *shared]
+def _check_strategies(config: TimeToAccuracyConfig) -> None:
+    """Each strategy must train every model in one process (its class attributes say so)."""
+    def able(cls) -> bool:
+        return not cls.uses_mpi and all(cls.models is None or m in cls.models for m in config.models)
+
+    choices = [n for n, c in STRATEGIES.items() if able(c)]
+    for name in config.strategies:
+        if not able(STRATEGIES[name]):
+            raise ConfigError(f"--strategies {name} cannot train --models {','.join(config.models)} "
+                              f"in one process; choices: {', '.join(choices)}")
+    for flag in ("width", "depth"):
+        users = [m for m in config.models if flag not in takes(m)]
+        if getattr(config, flag) is not None and users:
+            raise ConfigError(f"--{flag} does not apply to --models {','.join(users)}; run those apart")
 
 
-def row(point: Point, result: results.RunResult) -> dict:
+def plan(config: TimeToAccuracyConfig) -> list[Point]:
+    """One train point per (model, strategy); checks every option before any work."""
+    goal = targets(config)
+    _check_strategies(config)
+    at_least(config, 1, "batch_size", "max_epochs", "eval_every", "val_size", "devices")
+    found = []
+    for model in config.models:
+        for strategy in config.strategies:
+            # A strategy whose default mesh is one device (single) runs on one.
+            devices = math.prod(STRATEGIES[strategy].default_mesh(config.devices).values())
+            train = with_options(
+                TrainConfig(), dataset=config.dataset, synthetic_size=config.synthetic_size,
+                model=model, width=config.width, depth=config.depth, strategy=strategy,
+                devices=devices, target_accuracy=goal[model], batch_size=config.batch_size,
+                epochs=config.max_epochs, val_size=config.val_size, eval_every=config.eval_every,
+                seed=config.seed, lr_schedule="constant", progress=False)
+            found.append(Point(f"{model}-{strategy}", train))
+    return found
+
+
+def shared_options(configs: list[TrainConfig]) -> dict:
+    """The train options (flat names) every point runs with, e.g. lr_schedule, seed."""
+    flat = [{f.name: getattr(getattr(c, section) if section else c, f.name)
+             for section, f in flat_fields()} for c in configs]
+    return {k: v for k, v in flat[0].items() if all(f[k] == v for f in flat)}
+
+
+def has_batch_norm(config: TrainConfig) -> bool:
+    return any(isinstance(m, nnx.BatchNorm) for _, m in nnx.iter_modules(build_model(config)))
+
+
+def row(point: Point, result: results.RunResult, batch_norm: bool) -> dict:
     """One table row from a point's train result; its validation curve for the figure."""
-    m = result.metrics
-    return {"model": point.model, "strategy": point.strategy, "devices": point.devices,
-            "target": point.target, "reached": m["reached_target"], "steps": m["steps_to_target"],
+    m, c = result.metrics, point.config
+    return {"model": c.model.model, "strategy": c.parallel.strategy, "devices": c.parallel.devices,
+            "target": c.target_accuracy, "reached": m["reached_target"], "steps": m["steps_to_target"],
             "examples": m["examples_to_target"], "time_s": m["time_to_target_s"],
             "images_per_sec": m["images_per_sec_to_target"],
             "images_per_sec_median_step": m["images_per_sec"], "compile_s": m["compile_s"],
             "steps_run": m["steps"], "test_accuracy": m["test_accuracy"],
             "val_accuracy": m["val_accuracy"], "wall_s": m["wall_s"],
-            "batch_norm_per_shard": point.model == "resnet" and point.strategy in PER_SHARD_BATCH_NORM,
+            "batch_norm_per_shard": batch_norm and STRATEGIES[c.parallel.strategy].batch_norm_per_shard,
             "curve": [{k: h[k] for k in ("step", "val_accuracy", "train_s")} for h in result.history]}
 
 
-def run(args: argparse.Namespace) -> list[Path]:
-    points, shared = plan(args)
-    out = results.ensure_writable(args.out)  # fail before the work, not after it
-    todo = pending(points, lambda p: out / p.folder() / results.RESULT_FILE)
-    if len(todo) < len(points):
-        print(f"{len(points) - len(todo)} of {len(points)} points already done in {out}; running the rest")
-    timeout = QUICK_TIMEOUT_S if args.quick else POINT_TIMEOUT_S
-    for point in todo:
-        print(f"{point.model:6} {point.strategy:13} devices={point.devices} target={point.target}",
-              flush=True)
-        run_point([*train_command(point, shared), "--out", str(out / point.folder())], timeout)
-    loaded = [(p, results.load(out / p.folder())) for p in points]
-    rows = [row(p, r) for p, r in loaded]
-    config = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
-    config.update(models=list(dict.fromkeys(p.model for p in points)),
-                  strategies=list(dict.fromkeys(p.strategy for p in points)),
-                  targets={p.model: p.target for p in points}, train_flags=shared)
-    study = results.RunResult(kind="time-to-accuracy", config=config, env=loaded[0][1].env,
+def run(config: TimeToAccuracyConfig) -> list[Path]:
+    """Every point (resuming a stopped study), then OUT/time_to_accuracy.json and OUT/summary.md."""
+    planned = plan(config)
+    outcomes = points.run(planned, config.out, config.timeout)
+    first = {p.config.model.model: p.config for p in reversed(planned)}  # one per model
+    norms = {model: has_batch_norm(c) for model, c in first.items()}
+    rows = [row(p, r, norms[p.config.model.model]) for p, r in zip(planned, outcomes)]
+    record = {**dataclasses.asdict(config), "targets": targets(config),
+              "train_options": shared_options([p.config for p in planned])}
+    study = results.RunResult(kind="time-to-accuracy", config=record, env=outcomes[0].env,
                               metrics={"rows": rows})
+    out = Path(config.out)
     path = results.write_atomic(out / RESULTS_FILE, study.to_json() + "\n")
-    table = summary(rows, study.env, config)
+    table = summary(rows, study.env, record)
     results.write_atomic(out / "summary.md", table)
     print(table)
     return [path, out / "summary.md"]
@@ -212,7 +199,13 @@ def summary(rows: list[dict], env: dict, config: dict) -> str:
         f"{env.get('device_kind', '?')}.",
     ]
     if any(r["batch_norm_per_shard"] for r in rows):
-        notes.append("† ResNet's batch norm normalises with per-shard batch statistics under this strategy "
-                     "(dp-auto and single use the whole global batch), so its trajectory can differ from "
-                     "single's.")
+        notes.append("† batch norm normalises with per-shard batch statistics under this strategy "
+                     "(single and one-program strategies such as dp-auto use the whole global batch), "
+                     "so its trajectory can differ from single's.")
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+
+
+STUDY = Study("time-to-accuracy", "wall time, steps and images/s to a target validation accuracy for "
+                                  "MLP, CNN and ResNet per strategy (one train process per point); "
+                                  "writes OUT/time_to_accuracy.json and OUT/summary.md",
+              TimeToAccuracyConfig, QUICK, run)

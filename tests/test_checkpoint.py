@@ -218,14 +218,3 @@ def test_bad_resume_inputs_are_refused_and_nothing_is_written(tmp_path):
     rc = run_cli("train", *TINY, "--steps", "10", "--resume", "--out", str(tmp_path / "o"))
     assert rc.returncode == 2 and "--resume needs --checkpoint-dir" in rc.stderr
 
-
-def test_pending_skips_studies_work_already_written(tmp_path):
-    from jaxpar import results
-
-    done = fit(tiny(tmp_path / "c", steps=2)).result
-    results.write_atomic(tmp_path / "bs16.json", done.to_json())
-    (tmp_path / "bs32.json").write_text('{"kind": "tr')  # partial: re-run it
-    from experiments.points import pending
-
-    todo = pending([16, 32, 64], lambda bs: tmp_path / f"bs{bs}.json")
-    assert todo == [32, 64]

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from experiments import rank_scaling
 from experiments.__main__ import EXIT_USAGE, run
-from experiments.points import run_point
+from experiments.points import mpiexec, run_point
 from jaxpar import results
 
 needs_mpi = pytest.mark.skipif(
-    not rank_scaling.mpiexec().exists() or subprocess.run(
+    not mpiexec().exists() or subprocess.run(
         [sys.executable, "-c", "import mpi4jax"], capture_output=True).returncode != 0,
     reason="needs the `mpi` extra in this venv (make test installs it)")
 
@@ -34,7 +33,7 @@ def _row(table: str, strategy: str, ranks: int) -> list[str]:
 
 @needs_mpi
 def test_quick_rank_scaling_records_the_world_and_ratios(tmp_path):
-    assert run(["scaling", "--quick", "--ranks", "1,2", "--out", str(tmp_path)]) == 0
+    assert run(["scaling", "--quick", "--ranks", "1,2", "--device-counts", "1", "--out", str(tmp_path)]) == 0
     two = results.load(tmp_path / "ranks/strong/mlp-mpi-allreduce-r2")
     one = results.load(tmp_path / "ranks/strong/mlp-single-r1")
     best = results.load(tmp_path / "strong/mlp-single-1")  # the only single-process point here
@@ -53,7 +52,7 @@ def test_quick_rank_scaling_records_the_world_and_ratios(tmp_path):
 
 def test_rank_mode_rejects_a_single_process_strategy_before_any_work(tmp_path, capsys):
     out = tmp_path / "never"
-    code = run(["scaling", "--ranks", "1,2", "--strategies", "dp-pmap", "--out", str(out)])
+    code = run(["scaling", "--ranks", "1,2", "--rank-strategies", "dp-pmap", "--out", str(out)])
     assert code == EXIT_USAGE
     assert "mpi-allreduce" in capsys.readouterr().err  # names strategies that can
     assert not out.exists()
@@ -63,7 +62,7 @@ def test_rank_mode_rejects_a_single_process_strategy_before_any_work(tmp_path, c
 def test_a_point_past_its_timeout_takes_its_ranks_with_it():
     marker = f"{time.time() % 1000 + 100:.3f}"  # a sleep argument no other process has
     with pytest.raises(RuntimeError, match="ran past"):
-        run_point([str(rank_scaling.mpiexec()), "-n", "2", "sleep", marker], timeout=2)
+        run_point([str(mpiexec()), "-n", "2", "sleep", marker], timeout=2)
     time.sleep(1)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert not re.search(rf"^sleep {re.escape(marker)}$", ps, re.M), ps

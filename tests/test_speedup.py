@@ -23,8 +23,8 @@ def _point(root, mode, strategy, images_per_sec, devices=1, ranks=None, width=No
            "threads": "test", "jax": "test"}
     metrics = {"step_time_ms_median": 128e3 / images_per_sec, "images_per_sec": images_per_sec,
                "collective_bytes_per_step": 0, "state_bytes_per_device": 0}
-    results.save(results.RunResult("bench", to_dict(config), env, metrics,
-                                   {"strategy": strategy}), folder)
+    recorded = {**to_dict(config), "point": {"kind": "bench", "labels": {"mode": mode}}}
+    results.save(results.RunResult("bench", recorded, env, metrics, {"strategy": strategy}), folder)
 
 
 @pytest.fixture
@@ -60,3 +60,14 @@ def test_both_scaling_figures_are_drawn_from_the_results(study, tmp_path):
     paths = plots.scaling_figures(speedup.load_points(study), out)
     assert [p.name for p in paths] == ["scaling_devices.png", "scaling_ranks.png"]
     assert all(p.stat().st_size > 10_000 for p in paths)
+
+
+def test_the_mode_comes_from_the_result_not_its_folder(tmp_path):
+    _point(tmp_path, "weak", "single", 900)
+    (tmp_path / "weak").rename(tmp_path / "moved")
+    (point,) = speedup.load_points(tmp_path)
+    assert point["mode"] == "weak"
+    unlabelled = results.RunResult("bench", to_dict(TrainConfig()), {}, {})
+    results.save(unlabelled, tmp_path / "strong" / "mlp-single-1")
+    with pytest.raises(results.ResultsError, match="does not record its scaling mode"):
+        speedup.load_points(tmp_path)

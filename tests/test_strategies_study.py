@@ -22,7 +22,7 @@ def quick(tmp_path_factory):
 def test_quick_study_measures_what_each_strategy_buys(quick):
     out, data = quick
     rows = {r["strategy"]: r for r in data["metrics"]["rows"]}
-    assert set(rows) == set(study.QUICK_STRATEGIES)
+    assert set(rows) == set(study.QUICK.strategies)
     assert data["config"]["devices"] == 4 and data["env"]["device_count"] == 4
     single, dp, fsdp = rows["single"], rows["dp-auto"], rows["fsdp"]
     assert single["collective_bytes_per_step"] == 0 and single["mesh"] == {"data": 1}
@@ -90,11 +90,14 @@ def test_bad_options_exit_2_naming_the_fix(tmp_path, capsys):
 
 def test_mpi_strategies_are_skipped_with_the_reason_when_mpi_is_missing(monkeypatch):
     from experiments.__main__ import COMMANDS
-    from experiments.cli import build_parser
+    from experiments.cli import build_parser, options_from_args
 
     monkeypatch.setattr(study, "_mpi_missing", lambda: "mpi4jax is not installed")
     args = build_parser(COMMANDS).parse_args(["strategies", "--strategies", "single,mpi-allreduce"])
-    names, skipped, config = study.plan(args)
+    config = options_from_args(args, study.StrategiesConfig())
+    names, skipped = study.plan(config)
     assert names == ["single"] and skipped == {"mpi-allreduce": "mpi4jax is not installed"}
-    assert config["strategies"] == ["single", "mpi-allreduce"]
-    assert "--no-matmul-peak" in study.bench_flags("single", config)
+    assert config.strategies == ("single", "mpi-allreduce")
+    assert study.point("single", config).bench.matmul_peak is False  # --no-matmul-peak
+    mpi = study.point("mpi-allreduce", config)  # --devices ranks of one device each
+    assert (mpi.ranks, mpi.config.parallel.devices, mpi.config.parallel.single_thread) == (4, 1, True)

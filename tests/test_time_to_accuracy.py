@@ -31,7 +31,7 @@ def test_data_parallel_reaches_the_target_at_singles_step_reproducibly(tmp_path,
     accs = [c["val_accuracy"] for c in single["curve"]]
     assert accs[-1] >= single["target"] > max(accs[:-1])
     assert single["steps"] % data["config"]["eval_every"] == 0
-    assert data["env"]["cpu_cores"] >= 1 and data["config"]["train_flags"]
+    assert data["env"]["cpu_cores"] >= 1 and data["config"]["train_options"]["lr_schedule"] == "constant"
     assert "| mlp | dp-shard-map | 2 |" in (study / "summary.md").read_text()
 
     # A re-run with the same seed (a fresh folder, one strategy) gives the same step exactly.

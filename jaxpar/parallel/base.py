@@ -61,6 +61,9 @@ class Strategy:
     multiprocess: bool = False
     # Joins ranks with MPI itself (mpi4jax collectives inside jit), not jax.distributed.
     uses_mpi: bool = False
+    # Its step runs per batch shard (shard_map, pmap, one MPI rank), so batch norm normalises
+    # with each shard's own statistics; False: over the whole global batch, like `single`.
+    batch_norm_per_shard: bool = False
     # The strategy-specific ParallelConfig options it reads; another strategy's option given a
     # non-default value is refused (`jaxpar.validate`), never silently ignored.
     options: tuple[str, ...] = ()

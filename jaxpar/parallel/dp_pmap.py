@@ -26,6 +26,7 @@ def _first(tree):
 class DPPmap(DataParallel):
     name = "dp-pmap"
     summary = "`jax.pmap` + `lax.psum` of gradients (the legacy API)"
+    batch_norm_per_shard = True  # one pmapped step per device
 
     def init(self, model, tx, mesh):
         params, model_state = self._setup(model, tx, mesh)

@@ -29,6 +29,7 @@ class DPShardMap(DataParallel):
     name = "dp-shard-map"
     summary = "`jax.shard_map` over `data` with one explicit `psum` of gradients"
     multiprocess = True  # shard_map over one global mesh under jax.distributed
+    batch_norm_per_shard = True  # the step runs per shard inside shard_map
 
     def init(self, model, tx, mesh):
         params, model_state = self._setup(model, tx, mesh)

@@ -32,6 +32,7 @@ class FSDP(DataParallel):
     summary = ("ZeRO-3: parameters and optimizer state sharded 1/N per device; all-gather on "
                "use, reduce-scatter of gradients, explicit in `shard_map`")
     multiprocess = True  # state sharded over one global mesh under jax.distributed
+    batch_norm_per_shard = True  # the step runs per shard inside shard_map
 
     def init(self, model, tx, mesh):
         params, model_state = self._setup(model, tx, mesh)

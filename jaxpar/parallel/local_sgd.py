@@ -37,6 +37,7 @@ class LocalSGD(DataParallel):
     summary = ("each replica takes `--sync-every k` steps on its own shard, then parameters "
                "are averaged")
     multiprocess = True  # per-replica state over one global mesh under jax.distributed
+    batch_norm_per_shard = True  # each replica steps on its own shard
     options = ("accumulate", "sync_every")
 
     @classmethod

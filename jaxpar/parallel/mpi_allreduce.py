@@ -29,6 +29,7 @@ class MpiAllreduce(Strategy):
                "`mpi4jax.allreduce` inside `jit` (Horovod-style)")
     default_axes = {meshlib.DATA: 1}
     uses_mpi = True  # ranks are joined by MPI itself, not jax.distributed
+    batch_norm_per_shard = True  # each rank steps on its own rows
 
     axes = ()  # one device per rank; the ranks are the data axis, joined by MPI
 
