@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import time
 
+import jax
 from rich.console import Console
 
 from experiments import (batch_size, figures, hparam, pipeline_study, scaling, strategies,
@@ -20,7 +21,7 @@ from experiments import report as docs_report  # not `report`: jaxpar.bench's pr
 from experiments.cli import BENCH, build_parser, config_from_args, options_from_args
 from experiments.options import BenchOptions
 from experiments.run import execute
-from jaxpar import data, results
+from jaxpar import data, distributed, results
 from jaxpar.checkpoint import Interrupted
 from jaxpar.errors import UserError
 
@@ -66,7 +67,15 @@ def run(argv: list[str]) -> int:
         print(str(e), file=sys.stderr)
         return e.exit_code
     except USER_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
+        distributed.report_user_error(str(e), EXIT_USAGE)  # once per job under mpiexec
+        return EXIT_USAGE
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        distributed.report_user_error(
+            f"the run ran out of device memory ({str(e).splitlines()[0][:200]}); lower "
+            "--batch-size, --eval-batch-size, --width or --depth, or spread the model over more "
+            "devices (--strategy fsdp, tensor, pipeline)", EXIT_USAGE)
         return EXIT_USAGE
 
 

@@ -17,25 +17,13 @@ from typing import Any
 
 from experiments.options import BenchOptions
 from jaxpar import config as configlib
-from jaxpar.data import DATASETS
 from jaxpar.errors import ConfigError
-from jaxpar.models import ACTIVATIONS, MODELS
-from jaxpar.optim import OPTIMIZERS, SCHEDULES
-from jaxpar.parallel import STRATEGIES
-from jaxpar.parallel.schedules import SCHEDULES as PIPELINE_SCHEDULES
-
-# Fields whose values come from a fixed list; each list lives with the code using it. A field
-# names its list by its own name, or by `choices` in its metadata (study fields listing models).
-CHOICES: dict[str, tuple[str, ...]] = {
-    "dataset": DATASETS, "model": tuple(MODELS), "strategy": tuple(STRATEGIES),
-    "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES, "activation": ACTIVATIONS,
-    "schedule": tuple(PIPELINE_SCHEDULES)}
+# Fields whose values come from a fixed list (jaxpar.validate checks them for every run too).
+# A field names its list by its own name, or by `choices` in its metadata (study fields
+# listing models).
+from jaxpar.validate import CHOICES, flag
 
 _SCALARS = {"int": int, "float": float, "str": str}
-
-
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def _kind(f: dataclasses.Field) -> tuple[str, type | None]:
@@ -70,6 +58,13 @@ def _add(group, f: dataclasses.Field, default: Any, suppress: bool) -> None:
     group.add_argument(flag(f.name), default=stored, type=str if kind == "list" else element,
                        choices=choices, help=help_text,
                        metavar=("A,B,..." if kind == "list" else None if choices else f.name.upper()))
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a bad flag or value reported in one line (not the whole usage text)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
 
 
 def add_config_flags(parser: argparse.ArgumentParser, only: set[str] | None = None,
@@ -146,7 +141,7 @@ def build_parser(commands: dict[str, dict]) -> argparse.ArgumentParser:
         False for none), 'defaults', 'options' (a flat dataclass whose fields become flags),
         'quick' (add --quick), 'extra' (callable adding other flags)}.
     """
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m experiments",
         description="Train image classifiers in parallel with JAX and measure what each kind "
                     "of parallelism buys.")

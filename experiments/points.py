@@ -30,6 +30,7 @@ from experiments.options import BenchOptions
 from jaxpar import results
 from jaxpar.config import TrainConfig, from_dict, to_dict
 from jaxpar.errors import ConfigError, ResultsError
+from jaxpar.validate import validate
 
 STOP_GRACE_S = 10  # after SIGTERM, before SIGKILL
 POINT_FILE = "point.json"
@@ -104,11 +105,14 @@ def run(points: list[Point], out: str | Path, timeout: float,
       keep_going: a failed point is returned as its PointError and the rest still run
         (False: the first failure raises).
     Raises:
-      ConfigError, before any work, when a folder holds a point of other settings.
+      ConfigError, before any work, when a point's config cannot run (`jaxpar.validate`) or a
+      folder holds a point of other settings.
     """
-    out = results.ensure_writable(out)
     if len({p.folder for p in points}) < len(points):
         raise ValueError("two points of a study share a folder")
+    for point in points:
+        check(point)
+    out = results.ensure_writable(out)
     done = [stored(out / p.folder, p) for p in points]
     reused = sum(r is not None for r in done)
     if reused:
@@ -128,6 +132,15 @@ def run(points: list[Point], out: str | Path, timeout: float,
                 print(f"  {_line(result)}", flush=True)
         outcomes.append(result)
     return outcomes
+
+
+def check(point: Point) -> None:
+    """ConfigError naming the point when its config cannot run on its devices or ranks."""
+    devices = (point.config.parallel.devices or 1) * (point.ranks or 1)
+    try:
+        validate(point.config, devices)
+    except ConfigError as e:
+        raise ConfigError(f"study point {point.folder}: {e}") from None
 
 
 def stored(folder: Path, point: Point) -> results.RunResult | None:

@@ -23,6 +23,7 @@ from jaxpar.errors import ConfigError
 from jaxpar.mesh import simulate_cpu_devices
 from jaxpar.parallel import STRATEGIES
 from jaxpar.train import train
+from jaxpar.validate import validate
 
 
 def distributed_mode(config: TrainConfig) -> str:
@@ -51,19 +52,20 @@ def execute(config: TrainConfig, bench: BenchOptions | None = None, console: Con
     out = config.out
     if bench is None and out is None:
         out = f"results/{config.model.model}-{config.parallel.strategy}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if out is not None:
-        results.ensure_writable(out)  # fail before the work, not after it
     simulate_cpu_devices(config.parallel.devices)  # before JAX's backend starts
     distributed.setup(distributed_mode(config), config.parallel.single_thread)
+    validate(config)  # every option and combination, before any work or write
+    created = out is not None and not Path(out).exists()
+    if out is not None:
+        results.ensure_writable(out)  # fail before the work, not after it
     main = distributed.is_main()  # only rank 0 prints and writes results
     console = console if main else None
-    if bench is None:
-        result = train(config, console=console)
-    else:
-        result = benchmark(config, iters=bench.iters, warmup=bench.warmup,
-                           matmul_peak=bench.matmul_peak)
-        if console is not None:
-            console.print(report(result))
+    try:
+        result = _work(config, bench, console)
+    except BaseException:
+        if created:
+            _remove_if_empty(Path(out))  # a failed run leaves no folder behind
+        raise
     if record is not None:
         result.config["point"] = record
     if out is not None and main:
@@ -71,6 +73,23 @@ def execute(config: TrainConfig, bench: BenchOptions | None = None, console: Con
         if console is not None:
             console.print(f"wrote {path}")
     return result
+
+
+def _work(config: TrainConfig, bench: BenchOptions | None, console: Console | None):
+    """Train (bench None), or time the step and print its report."""
+    if bench is None:
+        return train(config, console=console)
+    result = benchmark(config, iters=bench.iters, warmup=bench.warmup, matmul_peak=bench.matmul_peak)
+    if console is not None:
+        console.print(report(result))
+    return result
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # not empty (a checkpoint, a partial result of the run): leave it
 
 
 def main(argv: list[str]) -> None:

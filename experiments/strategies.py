@@ -28,10 +28,9 @@ from experiments.study import Study, at_least
 from jaxpar import results
 from jaxpar.config import TrainConfig, with_options
 from jaxpar.errors import ConfigError
-from jaxpar.mesh import STAGE, TENSOR, format_mesh
+from jaxpar.mesh import format_mesh
 from jaxpar.parallel import STRATEGIES
 from jaxpar.parallel.mpi_common import INSTALL_HINT
-from jaxpar.parallel.pipeline import Pipeline
 
 
 @dataclass(frozen=True)
@@ -95,29 +94,13 @@ def plan(config: StrategiesConfig) -> tuple[list[str], dict[str, str]]:
 
 
 def _problems(strategy: str, config: StrategiesConfig) -> list[str]:
-    """What stops `strategy` from running this config, read from its class attributes: the
-    models it takes, its default mesh, the axes that cut blocks or widths, its micro-batches."""
-    cls, n = STRATEGIES[strategy], config.devices
+    """What stops `strategy`'s point from running (`jaxpar.validate`, through the strategy's
+    own checks: models it takes, mesh, blocks per stage, width per shard, micro-batches)."""
     try:
-        cls.check_model(config.model)
-        axes = {} if cls.uses_mpi else cls.default_mesh(n)
+        points.check(point(strategy, config))
     except ConfigError as e:
-        return [f"{strategy}: {e}"]
-    stages, tensor = axes.get(STAGE, 1), axes.get(TENSOR, 1)
-    found = []
-    if config.depth % stages:
-        found.append(f"{strategy}: --depth {config.depth} blocks do not split into {stages} stages: "
-                     f"make --depth a multiple of {stages}")
-    if config.width % tensor:
-        found.append(f"{strategy}: --width {config.width} does not split over tensor={tensor}")
-    if issubclass(cls, Pipeline):  # a pipeline schedule: stages and micro-batches
-        shards = axes.get(cls.data_axis, 1) if cls.data_axis else 1
-        if stages < 2:
-            found.append(f"{strategy} needs --devices >= 2 stages")
-        if config.batch_size % (shards * config.microbatches):
-            found.append(f"{strategy}: --microbatches {config.microbatches} must divide the "
-                         f"--batch-size {config.batch_size} rows of each of its {shards} data shard(s)")
-    return found
+        return [str(e).replace(" Nothing was run or written.", "")]
+    return []
 
 
 def point(strategy: str, config: StrategiesConfig) -> Point:
@@ -127,7 +110,8 @@ def point(strategy: str, config: StrategiesConfig) -> Point:
         TrainConfig(), dataset="synthetic", model=config.model, width=config.width,
         depth=config.depth, strategy=strategy, devices=1 if mpi else config.devices,
         mesh="" if mpi else mesh_for(strategy, config.devices), batch_size=config.batch_size,
-        microbatches=config.microbatches, single_thread=mpi)
+        single_thread=mpi,
+        **({"microbatches": config.microbatches} if "microbatches" in STRATEGIES[strategy].options else {}))
     # --no-matmul-peak: strategies are compared with one another; a peak costs seconds a point.
     bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False)
     return Point(f"points/{strategy}", train, bench, config.devices if mpi else None)

@@ -8,15 +8,31 @@ The CLI (`experiments/cli.py`) builds its flags from these fields (`--batch-size
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 from jaxpar.errors import ConfigError  # noqa: F401  (re-exported: config errors live with configs)
 
 
-def _opt(default: Any, help: str, **extra: Any) -> Any:
-    """A dataclass field with CLI help (and optionally `choices`) in its metadata."""
-    return field(default=default, metadata={"help": help, **extra})
+class Rule(NamedTuple):
+    """What a field's value must be (None, for optional fields, always passes)."""
+    test: Callable[[Any], bool]
+    text: str
+
+
+AT_LEAST_0 = Rule(lambda v: v >= 0, "a whole number >= 0")
+AT_LEAST_1 = Rule(lambda v: v >= 1, "a whole number >= 1")
+# `math.isfinite` first: NaN fails every comparison, but an infinite lr would pass `> 0`.
+POSITIVE = Rule(lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+MOMENTUM = Rule(lambda v: math.isfinite(v) and 0 <= v < 1, "a number in [0, 1)")
+FRACTION = Rule(lambda v: math.isfinite(v) and 0 < v <= 1, "a fraction in (0, 1], e.g. 0.85")
+
+
+def _opt(default: Any, help: str, valid: Rule | None = None, **extra: Any) -> Any:
+    """A dataclass field with CLI help and the rule its value must meet in its metadata
+    (`jaxpar.validate` checks every rule before any work)."""
+    return field(default=default, metadata={"help": help, "valid": valid, **extra})
 
 
 @dataclass(frozen=True)
@@ -24,18 +40,18 @@ class DataConfig:
     dataset: str = _opt("fashion_mnist", "fashion_mnist | mnist | synthetic (synthetic: tests and benchmarks only)")
     data_dir: str | None = _opt(None, "folder holding the four IDX files (default: Debian's dataset-fashion-mnist files, else download)")
     cache_dir: str | None = _opt(None, "where the prepared TFDS dataset lives (default: $JAXPAR_CACHE or ~/.cache/jaxpar)")
-    val_size: int = _opt(5000, "examples carved from train (seeded) for validation; 0 disables validation")
-    batch_size: int = _opt(128, "global training batch size (all devices together)")
-    eval_batch_size: int = _opt(1000, "batch size for validation and test evaluation")
-    synthetic_size: int = _opt(12000, "training examples of the synthetic dataset (validation is carved from them)")
+    val_size: int = _opt(5000, "examples carved from train (seeded) for validation; 0 disables validation", valid=AT_LEAST_0)
+    batch_size: int = _opt(128, "global training batch size (all devices together)", valid=AT_LEAST_1)
+    eval_batch_size: int = _opt(1000, "batch size for validation and test evaluation", valid=AT_LEAST_1)
+    synthetic_size: int = _opt(12000, "training examples of the synthetic dataset (validation is carved from them)", valid=AT_LEAST_1)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     model: str = _opt("cnn", "mlp | cnn | resnet | stack-mlp | vit")
     # None everywhere below: the model's own default (written once, in its constructor).
-    depth: int | None = _opt(None, "hidden layers (mlp), blocks (stack-mlp, vit) or blocks per stage (resnet)")
-    width: int | None = _opt(None, "hidden width (mlp, stack-mlp) or model dimension (vit)")
+    depth: int | None = _opt(None, "hidden layers (mlp), blocks (stack-mlp, vit) or blocks per stage (resnet)", valid=AT_LEAST_1)
+    width: int | None = _opt(None, "hidden width (mlp, stack-mlp) or model dimension (vit)", valid=AT_LEAST_1)
     activation: str | None = _opt(None, "relu | sigmoid | tanh (mlp, stack-mlp)")
     batch_norm: bool | None = _opt(None, "batch norm after each conv (cnn)")
 
@@ -43,20 +59,20 @@ class ModelConfig:
 @dataclass(frozen=True)
 class OptimConfig:
     optimizer: str = _opt("adam", "sgd | momentum | adam")
-    lr: float = _opt(1e-3, "peak learning rate")
-    momentum: float = _opt(0.9, "momentum (optimizer=momentum), b1 for adam is optax's default")
+    lr: float = _opt(1e-3, "peak learning rate", valid=POSITIVE)
+    momentum: float = _opt(0.9, "momentum (optimizer=momentum), b1 for adam is optax's default", valid=MOMENTUM)
     lr_schedule: str = _opt("cosine", "constant | cosine (decay to 0 over the run) | warmup-cosine")
-    warmup_steps: int = _opt(0, "linear warm-up steps (lr-schedule=warmup-cosine)")
+    warmup_steps: int = _opt(0, "linear warm-up steps (lr-schedule=warmup-cosine)", valid=AT_LEAST_0)
 
 
 @dataclass(frozen=True)
 class ParallelConfig:
     strategy: str = _opt("single", "how one step is placed on devices (default: single, one device)")
-    devices: int | None = _opt(None, "simulate this many XLA CPU devices (default: the devices present)")
+    devices: int | None = _opt(None, "simulate this many XLA CPU devices (default: the devices present)", valid=AT_LEAST_1)
     mesh: str = _opt("", "axis sizes, e.g. data=2,tensor=2 (-1 = the rest); default: every device on the strategy's axis")
-    accumulate: int = _opt(1, "gradient accumulation: split each global batch into K sequential chunks (data-parallel strategies)")
-    sync_every: int = _opt(1, "local-sgd: local steps between parameter averages")
-    microbatches: int = _opt(4, "pipeline: micro-batches per global batch (M)")
+    accumulate: int = _opt(1, "gradient accumulation: split each global batch into K sequential chunks (data-parallel strategies)", valid=AT_LEAST_1)
+    sync_every: int = _opt(1, "local-sgd: local steps between parameter averages", valid=AT_LEAST_1)
+    microbatches: int = _opt(4, "pipeline: micro-batches per global batch (M)", valid=AT_LEAST_1)
     schedule: str = _opt("gpipe", "pipeline schedule: gpipe (fill-drain) | 1f1b")
     remat: bool = _opt(False, "pipeline: recompute stage activations in the backward pass")
     distributed: str = _opt("auto", "join processes with jax.distributed: auto (when launched by mpiexec/srun) | mpi | slurm | none")
@@ -70,17 +86,17 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     # 15 epochs of cosine-decayed Adam take the default CNN past 91.6% test accuracy.
-    epochs: int = _opt(15, "passes over the training split")
-    steps: int | None = _opt(None, "stop after this many steps instead of --epochs")
-    seed: int = _opt(0, "seeds parameters, the validation split and the data order")
+    epochs: int = _opt(15, "passes over the training split", valid=AT_LEAST_1)
+    steps: int | None = _opt(None, "stop after this many steps instead of --epochs", valid=AT_LEAST_1)
+    seed: int = _opt(0, "seeds parameters, the validation split and the data order", valid=AT_LEAST_0)
     out: str | None = _opt(None, "folder for result.json (default: results/<model>-<strategy>-<time>)")
-    eval_every: int | None = _opt(None, "validate every N steps (default: once per epoch)")
+    eval_every: int | None = _opt(None, "validate every N steps (default: once per epoch)", valid=AT_LEAST_1)
     # None: train the whole budget. Set: --epochs/--steps become the budget (and still span
     # the learning-rate schedule), and the run stops at the first validation that reaches it.
-    target_accuracy: float | None = _opt(None, "stop at the first validation whose accuracy reaches this, in (0, 1]; needs --val-size > 0")
+    target_accuracy: float | None = _opt(None, "stop at the first validation whose accuracy reaches this, in (0, 1]; needs --val-size > 0", valid=FRACTION)
     progress: bool = _opt(True, "show a live progress bar")
     checkpoint_dir: str | None = _opt(None, "save orbax checkpoints here (reference layout: resumable under any strategy or mesh)")
-    checkpoint_every: int | None = _opt(None, "checkpoint every N steps (default: only at the end, on SIGTERM and on Ctrl-C)")
+    checkpoint_every: int | None = _opt(None, "checkpoint every N steps (default: only at the end, on SIGTERM and on Ctrl-C)", valid=AT_LEAST_1)
     resume: bool = _opt(False, "continue from the latest complete checkpoint in --checkpoint-dir")
 
 

@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from jaxpar.errors import ConfigError
+
+MODES = ("auto", "mpi", "slurm", "none")  # --distributed
+# How long a rank other than 0 waits for rank 0 to report the same user error (and end the
+# job) before it reports the error itself: longer than rank 0 can lag behind at start-up.
+ONE_ERROR_GRACE_S = 5
 
 # Short on purpose: a missing or dead rank must end the job in tens of seconds, not JAX's
 # default 300 s initialisation / 100 s heartbeat / 300 s shutdown.
@@ -56,6 +62,43 @@ def single_thread() -> None:
         pass  # no affinity API (macOS): single-threaded, unpinned
 
 
+def _mpi():
+    """mpi4py's MPI module, or None without mpi4py. The first import runs MPI_Init, which
+    returns once every rank has called it: import it early, not in a hurry to abort."""
+    try:
+        from mpi4py import MPI  # a lazy import: MPI starts only when a job needs it
+    except ImportError:
+        return None
+    return MPI
+
+
+def abort_job(code: int) -> None:
+    """End every rank of the MPI job now (MPI_Abort), or just this process without mpi4py."""
+    MPI = _mpi()
+    if MPI is not None:
+        MPI.COMM_WORLD.Abort(code)
+    os._exit(code)
+
+
+def report_user_error(message: str, code: int) -> None:
+    """Print a user error once per job, then end the job with `code`.
+
+    Every rank validates the same options, so usually every rank fails the same way at the
+    same point: rank 0 prints and ends the whole job. Another rank waits `ONE_ERROR_GRACE_S`
+    first; if rank 0 has not ended the job by then, this rank failed alone, and it prints the
+    message naming itself (the other ranks would otherwise wait for it forever)."""
+    rank, size = mpi_rank()
+    if size == 1:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        return
+    _mpi()  # MPI_Init on every rank now, so rank 0's abort below is not held up by it
+    if rank != 0:
+        time.sleep(ONE_ERROR_GRACE_S)
+    where = "" if rank == 0 else f" (on rank {rank} of {size})"
+    print(f"error{where}: {message}", file=sys.stderr, flush=True)
+    abort_job(code)
+
+
 def install_abort_hook() -> None:
     """An uncaught exception on any rank aborts the whole MPI job (naming the rank), instead
     of leaving the other ranks blocked in a collective forever."""
@@ -68,11 +111,7 @@ def install_abort_hook() -> None:
         previous(kind, value, tb)
         print(f"jaxpar: rank {rank} of {size} failed ({kind.__name__}: {value}); aborting the job",
               file=sys.stderr, flush=True)
-        try:
-            from mpi4py import MPI
-            MPI.COMM_WORLD.Abort(1)
-        except ImportError:
-            os._exit(1)
+        abort_job(1)
 
     sys.excepthook = hook
 
@@ -95,7 +134,7 @@ def initialize(mode: str) -> None:
         jax.distributed.initialize(**timeouts)  # JAX reads SLURM's environment itself
         return
     if kind != "mpi":
-        raise ConfigError(f"--distributed {mode!r}: choose auto, mpi, slurm or none")
+        raise ConfigError(f"--distributed {mode!r}: choose {', '.join(MODES)}")
     from jaxpar.parallel.mpi_common import import_mpi
 
     MPI, _ = import_mpi()

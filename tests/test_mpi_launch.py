@@ -83,3 +83,22 @@ def test_checkpoint_resume_under_mpirun_is_bitwise(tmp_path):
     assert meta["step"] == 20 and want.keys() == got.keys()
     for key in want:
         assert (want[key] == got[key]).all(), key
+
+
+@pytest.mark.skipif(not MPIEXEC.exists() or shutil.which("timeout") is None,
+                    reason="needs the `mpi` extra in this venv (make test installs it)")
+@pytest.mark.parametrize("strategy", ["mpi-allreduce", "dp-auto"])
+def test_a_bad_option_is_reported_once_per_job(tmp_path, strategy):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    env.pop("XLA_FLAGS", None)
+    start = time.monotonic()
+    proc = subprocess.run(
+        ["timeout", "120", str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpi4py", "-m",
+         "experiments", "train", "--strategy", strategy, "--dataset", "synthetic", "--lr", "nan",
+         "--steps", "1", "--no-progress", "--out", str(tmp_path / "out")],
+        cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode not in (0, 124), proc.stderr[-2000:]
+    assert time.monotonic() - start < 60
+    assert proc.stderr.count("--lr nan is not valid") == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()

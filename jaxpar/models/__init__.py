@@ -37,6 +37,13 @@ def takes(name: str) -> set[str]:
     return set(OPTIONS) & set(inspect.signature(MODELS[name].__init__).parameters)
 
 
+def option_value(name: str, option: str, given=None):
+    """`given`, or else model `name`'s own default for `option` (read from its constructor)."""
+    if given is not None:
+        return given
+    return inspect.signature(MODELS[name].__init__).parameters[option].default
+
+
 def make_model(name: str, *, seed: int, depth: int | None = None, width: int | None = None,
                activation: str | None = None, batch_norm: bool | None = None,
                num_classes: int = 10) -> nnx.Module:
@@ -58,4 +65,4 @@ def param_count(model: nnx.Module) -> int:
 
 
 __all__ = ["ACTIVATIONS", "MODELS", "OPTIONS", "CNN", "MLP", "ResNet", "StackMLP", "ViT",
-           "make_model", "param_count", "takes"]
+           "make_model", "option_value", "param_count", "takes"]

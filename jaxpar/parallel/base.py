@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
 import time
 from typing import Any, Callable
 
@@ -22,12 +23,19 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxpar import data as datalib
 from jaxpar import measure
 from jaxpar import mesh as meshlib
 from jaxpar.config import TrainConfig
 from jaxpar.errors import ConfigError
+from jaxpar.models import option_value
 from jaxpar.step import Params, TrainState
 from jaxpar.parallel.layout import fetch
+
+
+def model_option(config: TrainConfig, option: str):
+    """The model's `option` (depth, width, ...) as the run will build it: given, or its default."""
+    return option_value(config.model.model, option, getattr(config.model, option))
 
 
 # The families strategies belong to, in the order tables and figures list them.
@@ -46,6 +54,8 @@ class Strategy:
     models: tuple[str, ...] | None = None
     # Mesh axes when --mesh is not given; -1 = the devices left (see `default_mesh`).
     default_axes: dict[str, int] = {meshlib.DATA: -1}
+    # The axes it may spread over (size > 1); () = one device.
+    axes: tuple[str, ...] = (meshlib.DATA,)
     # Runs across processes on one jax.distributed global mesh (its place_batch takes
     # process-local rows); checked at start-up when launched under mpiexec/srun.
     multiprocess: bool = False
@@ -54,6 +64,15 @@ class Strategy:
     # Its step runs per batch shard (shard_map, pmap, one MPI rank), so batch norm normalises
     # with each shard's own statistics; False: over the whole global batch, like `single`.
     batch_norm_per_shard: bool = False
+    # The strategy-specific ParallelConfig options it reads; another strategy's option given a
+    # non-default value is refused (`jaxpar.validate`), never silently ignored.
+    options: tuple[str, ...] = ()
+
+    @classmethod
+    def check(cls, config: TrainConfig, axes: dict[str, int]) -> list[str]:
+        """What cannot work in `config` on a mesh of `axes` (resolved sizes), one sentence
+        each naming the flag to change; [] when it can run. Checked before any work."""
+        return []
 
     @classmethod
     def check_model(cls, model: str) -> None:
@@ -65,7 +84,26 @@ class Strategy:
     @classmethod
     def default_mesh(cls, devices: int) -> dict[str, int]:
         """The axis sizes this strategy uses on `devices` devices when --mesh is not given."""
+        if not cls.axes:
+            return dict(cls.default_axes)  # one device (the first), however many are present
         return meshlib.resolve_axes(dict(cls.default_axes), devices)
+
+    @classmethod
+    def mesh_axes(cls, spec: str, devices: int) -> dict[str, int]:
+        """Resolved axis sizes for `--mesh spec` ('' = `default_mesh`) on `devices` devices;
+        MeshError naming the fix when the strategy cannot use that mesh. Needs no devices, so
+        a study checks a point's mesh before starting the point's process."""
+        axes = meshlib.parse_mesh(spec)
+        if not axes:
+            return cls.default_mesh(devices)
+        unused = [a for a, size in axes.items() if a not in cls.axes and size != 1]
+        if unused:
+            uses = (f"the {' and '.join(cls.axes)} ax{'es' if len(cls.axes) > 1 else 'is'}"
+                    if cls.axes else "one device")
+            example = ",".join(f"{a}=N" for a in cls.axes)
+            raise meshlib.MeshError(f"--strategy {cls.name} uses {uses}; drop "
+                                    f"{', '.join(unused)} from --mesh {spec!r} (e.g. --mesh {example})")
+        return meshlib.resolve_axes(axes, devices)
 
     def __init__(self, config: TrainConfig):
         self.check_model(config.model.model)
@@ -78,16 +116,27 @@ class Strategy:
 
     # --- placement -------------------------------------------------------------------------
     def make_mesh(self, devices) -> jax.sharding.Mesh:
-        """The mesh from `--mesh` (or `default_axes`) over `devices`."""
+        """The mesh of `mesh_axes` over `devices` (the first ones, when it uses fewer)."""
         devices = list(devices)
-        axes = meshlib.parse_mesh(self.config.parallel.mesh) or self.default_mesh(len(devices))
-        return meshlib.make_mesh(axes, devices)
+        axes = self.mesh_axes(self.config.parallel.mesh, len(devices))
+        return meshlib.make_mesh(axes, devices[:math.prod(axes.values())])
 
     def init(self, model: nnx.Module, tx: optax.GradientTransformation, mesh) -> TrainState:
         raise NotImplementedError
 
     def place_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         raise NotImplementedError
+
+    def rows_multiple(self) -> int:
+        """The number a placed batch's rows must be a multiple of (its data shards)."""
+        return 1
+
+    def pad(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Pad with weight-0 rows to a multiple of `rows_multiple`. Every strategy divides its
+        loss and metrics by weight totals, so padding changes neither: any batch, an uneven
+        last evaluation batch included, runs on any mesh."""
+        unit = self.rows_multiple()
+        return datalib.pad_batch(batch, -(-len(batch["label"]) // unit) * unit)
 
     # --- programs --------------------------------------------------------------------------
     def step(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:

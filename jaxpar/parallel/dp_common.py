@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxpar import data as datalib
 from jaxpar import mesh as meshlib
 from jaxpar import measure
 from jaxpar import step as steplib
@@ -28,15 +26,7 @@ class DataParallel(Strategy):
 
     family = "data parallel"
     default_axes = {meshlib.DATA: -1}
-
-    def make_mesh(self, devices):
-        mesh = super().make_mesh(devices)
-        extra = [a for a in mesh.axis_names if a != meshlib.DATA and mesh.shape[a] > 1]
-        if extra:
-            raise meshlib.MeshError(
-                f"--strategy {self.name} uses only the {meshlib.DATA} axis; drop "
-                f"{', '.join(extra)} from --mesh (or use --strategy hybrid)")
-        return mesh
+    options = ("accumulate",)
 
     def _setup(self, model, tx, mesh):
         """Common part of `init`: remember mesh and optimizer, split the model."""
@@ -51,14 +41,12 @@ class DataParallel(Strategy):
         self.template = layout.abstract(params)
         return params, model_state
 
-    def padded_size(self, batch_size: int) -> int:
-        """Rows per global batch after padding: a multiple of devices x accumulation chunks."""
-        unit = self.n * self.k
-        return -(-batch_size // unit) * unit
+    def rows_multiple(self) -> int:
+        return self.n * self.k  # devices x accumulation chunks
 
-    def pad(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Pad with weight-0 rows to `padded_size` (they change neither loss nor gradient)."""
-        return datalib.pad_batch(batch, self.padded_size(len(batch["label"])))
+    def padded_size(self, batch_size: int) -> int:
+        """Rows per global batch after padding (weight-0 rows change neither loss nor gradient)."""
+        return -(-batch_size // self.rows_multiple()) * self.rows_multiple()
 
     def place_batch(self, batch):
         batch = self.pad(batch)

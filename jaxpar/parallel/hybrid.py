@@ -20,6 +20,7 @@ from jaxpar import mesh as meshlib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import DATA, STAGE, TENSOR
 from jaxpar.models.mlp import ACTIVATIONS
+from jaxpar.parallel.base import model_option
 from jaxpar.parallel.pipeline import Pipeline
 
 _SPLIT = {("up", "kernel"): P(STAGE, None, TENSOR), ("up", "bias"): P(STAGE, TENSOR),
@@ -33,6 +34,15 @@ class Hybrid(Pipeline):
                "data-sharded batch")
     models = ("stack-mlp",)  # its Megatron split knows the stack-mlp block
     data_axis = DATA
+    axes = (DATA, TENSOR, STAGE)
+
+    @classmethod
+    def check(cls, config, axes):
+        degree, width = axes.get(TENSOR, 1), model_option(config, "width")
+        split = [] if width % degree == 0 else [
+            f"--width {width} is not divisible by the tensor degree {degree}; change --width or "
+            "tensor= in --mesh."]
+        return super().check(config, axes) + split
 
     @classmethod
     def default_mesh(cls, devices):
@@ -41,11 +51,10 @@ class Hybrid(Pipeline):
         tensor = 2 if devices % 4 == 0 else 1
         return meshlib.resolve_axes({DATA: -1, TENSOR: tensor, STAGE: 2}, devices)
 
-    def make_mesh(self, devices):
-        devices = list(devices)
-        axes = meshlib.parse_mesh(self.config.parallel.mesh) or self.default_mesh(len(devices))
-        axes = {a: axes.get(a, 1) for a in meshlib.AXES}  # all three present, so specs can name them
-        return meshlib.make_mesh(axes, devices)
+    @classmethod
+    def mesh_axes(cls, spec, devices):
+        axes = super().mesh_axes(spec, devices)
+        return {a: axes.get(a, 1) for a in meshlib.AXES}  # all three present: specs name them
 
     def init(self, model, tx, mesh):
         T = mesh.shape[TENSOR]

@@ -24,12 +24,11 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import SingleDeviceSharding
 
-from jaxpar import mesh as meshlib
 from jaxpar import measure
 from jaxpar import step as steplib
 from jaxpar.mesh import STAGE
 from jaxpar.parallel import layout
-from jaxpar.parallel.base import Strategy
+from jaxpar.parallel.base import Strategy, model_option
 from jaxpar.errors import ConfigError
 
 EMBED = ("stem", "patch_embed", "pos_embed")  # top-level params used by `embed` (stage 0)
@@ -69,14 +68,15 @@ class LayerSplit(Strategy):
                "time, separate programs per stage")
     models = ("stack-mlp", "vit")  # identical blocks, consecutive ones per stage
     default_axes = {STAGE: -1}
+    axes = (STAGE,)
 
-    def make_mesh(self, devices):
-        mesh = super().make_mesh(devices)
-        shape = meshlib.mesh_shape(mesh)
-        if any(size > 1 for axis, size in shape.items() if axis != STAGE):
-            raise meshlib.MeshError("--strategy layer-split uses only the stage axis; pass "
-                                    "--mesh stage=S")
-        return mesh
+    @classmethod
+    def check(cls, config, axes):
+        stages, depth = axes.get(STAGE, 1), model_option(config, "depth")
+        if depth % stages:
+            return [f"--depth {depth} blocks do not divide into stage={stages} stages; change "
+                    f"--depth to a multiple of {stages} or --mesh stage=."]
+        return []
 
     # --- layout ----------------------------------------------------------------------------
     def init(self, model, tx, mesh):

@@ -38,6 +38,15 @@ class LocalSGD(DataParallel):
                "are averaged")
     multiprocess = True  # per-replica state over one global mesh under jax.distributed
     batch_norm_per_shard = True  # each replica steps on its own shard
+    options = ("accumulate", "sync_every")
+
+    @classmethod
+    def check(cls, config, axes):
+        n, batch = axes.get(DATA, 1), config.data.batch_size
+        if batch % n:
+            return [f"--strategy local-sgd needs a --batch-size divisible by the {n} replicas "
+                    f"(each averages over its own shard); got --batch-size {batch}."]
+        return []
 
     def init(self, model, tx, mesh):
         params, model_state = self._setup(model, tx, mesh)
@@ -51,13 +60,6 @@ class LocalSGD(DataParallel):
         self._register("average", jax.shard_map(self._average, mesh=mesh, in_specs=P(DATA),
                                                 out_specs=P(DATA)), donate_argnums=0)
         return self.state_from_reference(steplib.init_state(params, model_state, tx))
-
-    def pad(self, batch):
-        if len(batch["label"]) % self.n:
-            raise ConfigError(
-                f"--strategy local-sgd needs a --batch-size divisible by the {self.n} replicas "
-                f"(each averages its own shard), got {len(batch['label'])}")
-        return super().pad(batch)
 
     def _local_grads(self, state, batch):
         # Each replica minimises its own shard's mean loss: denominator = its own weight total.

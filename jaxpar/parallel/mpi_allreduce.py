@@ -31,9 +31,14 @@ class MpiAllreduce(Strategy):
     uses_mpi = True  # ranks are joined by MPI itself, not jax.distributed
     batch_norm_per_shard = True  # each rank steps on its own rows
 
+    axes = ()  # one device per rank; the ranks are the data axis, joined by MPI
+
     @classmethod
-    def default_mesh(cls, devices):
-        return {meshlib.DATA: 1}  # one device per rank
+    def mesh_axes(cls, spec, devices):
+        if any(size not in (1, -1) for size in meshlib.parse_mesh(spec).values()):
+            raise meshlib.MeshError(f"--strategy {cls.name} runs one device per MPI rank; drop "
+                                    f"--mesh {spec!r} (launch more ranks with mpiexec -n)")
+        return {meshlib.DATA: 1}
 
     def __init__(self, config):
         super().__init__(config)
@@ -45,7 +50,7 @@ class MpiAllreduce(Strategy):
         # One local device per rank; the ranks are the data axis, joined by MPI. (Under
         # jax.distributed `devices` is global: take this process's own.)
         local = [d for d in devices if d.process_index == jax.process_index()]
-        return meshlib.make_mesh({meshlib.DATA: 1}, local[:1])
+        return meshlib.make_mesh(self.mesh_axes(self.config.parallel.mesh, 1), local[:1])
 
     def init(self, model, tx, mesh):
         self.mesh, self.tx = mesh, tx
@@ -108,8 +113,12 @@ class MpiAllreduce(Strategy):
         return compiled, seconds
 
     # --- placement -----------------------------------------------------------------------
+    def rows_multiple(self) -> int:
+        return self.size  # ranks
+
     def place_batch(self, batch):
         """The global host batch -> this rank's rows on its device, plus the global weight total."""
+        batch = self.pad(batch)
         rows = mpi_common.rank_rows(len(batch["label"]), self.rank, self.size)
         local = {key: value[rows] for key, value in batch.items()}
         return jax.device_put({"local": local, "denom": mpi_common.global_weight(batch)}, self.device)

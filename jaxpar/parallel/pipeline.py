@@ -26,12 +26,11 @@ from flax import nnx
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxpar import mesh as meshlib
 from jaxpar import step as steplib
 from jaxpar.errors import ConfigError
-from jaxpar.mesh import STAGE
+from jaxpar.mesh import DATA, STAGE
 from jaxpar.parallel import layout, schedules
-from jaxpar.parallel.base import Strategy
+from jaxpar.parallel.base import Strategy, model_option
 from jaxpar.parallel.layout import map_param_trees
 
 class Pipeline(Strategy):
@@ -41,14 +40,23 @@ class Pipeline(Strategy):
                "`--schedule gpipe|1f1b`, `--remat`")
     models = ("stack-mlp", "vit")  # identical blocks, stacked [L, ...] and cut into stages
     default_axes = {STAGE: -1}
+    axes = (STAGE,)
+    options = ("microbatches", "schedule", "remat")
 
-    def make_mesh(self, devices):
-        mesh = super().make_mesh(devices)
-        extra = [a for a in mesh.axis_names if a != STAGE and mesh.shape[a] > 1]
-        if extra or STAGE not in mesh.axis_names:
-            raise meshlib.MeshError(f"--strategy pipeline uses only the {STAGE} axis: give "
-                                    f"--mesh {STAGE}=S (or use --strategy hybrid)")
-        return mesh
+    @classmethod
+    def check(cls, config, axes):
+        stages, shards = axes.get(STAGE, 1), axes.get(DATA, 1) if cls.data_axis else 1
+        depth, m, batch = model_option(config, "depth"), config.parallel.microbatches, config.data.batch_size
+        problems = []
+        if stages < 2:
+            problems.append(f"--strategy {cls.name} needs --mesh {STAGE}=S with S >= 2 stages.")
+        elif depth % stages:
+            problems.append(f"--depth {depth} blocks do not divide into {stages} stages; make "
+                            f"--depth a multiple of {STAGE}={stages}.")
+        if batch % (shards * m):
+            problems.append(f"--microbatches {m} must divide the --batch-size {batch} rows of each "
+                            f"of the {shards} data shard(s); make --batch-size a multiple of {shards * m}.")
+        return problems
 
     # --- set-up -----------------------------------------------------------------------------
     def init(self, model, tx, mesh):
@@ -105,10 +113,15 @@ class Pipeline(Strategy):
         shardings = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), self.state_specs)
         return jax.device_put(pipe, shardings)
 
+    def rows_multiple(self) -> int:
+        # Training batches also cut into M micro-batches per shard (checked up front);
+        # evaluation runs one micro-batch, so its batches need only split over the shards.
+        return self.mesh.shape[self.data_axis] if self.data_axis else 1
+
     def place_batch(self, batch):
         # Every stage sees the batch (its data shard): stage 0 reads images, the last stage
         # labels and weights.
-        return jax.device_put(batch, self.batch_sharding)
+        return jax.device_put(self.pad(batch), self.batch_sharding)
 
     def gradients(self, state, batch):
         return self._to_ref(jax.device_get(self._call("gradients", state, batch)))

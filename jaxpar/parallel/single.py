@@ -19,18 +19,14 @@ class Single(Strategy):
     family = "reference"
     summary = "the whole step on one device, plain `jit`"
     default_axes = {meshlib.DATA: 1}
+    axes = ()
 
     @classmethod
-    def default_mesh(cls, devices):
+    def mesh_axes(cls, spec, devices):
+        if any(size not in (1, -1) for size in meshlib.parse_mesh(spec).values()):
+            raise meshlib.MeshError(f"--strategy single runs on one device; drop --mesh {spec!r} "
+                                    "or pick a parallel --strategy")
         return {meshlib.DATA: 1}  # the first device, however many are present
-
-    def make_mesh(self, devices):
-        axes = meshlib.parse_mesh(self.config.parallel.mesh)
-        if any(size not in (1, -1) for size in axes.values()):
-            raise meshlib.MeshError(
-                f"--strategy single runs on one device; drop --mesh {self.config.parallel.mesh!r} "
-                "or pick a parallel --strategy")
-        return meshlib.make_mesh({meshlib.DATA: 1}, list(devices)[:1])
 
     def init(self, model: nnx.Module, tx: optax.GradientTransformation, mesh):
         self.mesh, self.tx = mesh, tx

@@ -30,7 +30,7 @@ from jaxpar.mesh import DATA, TENSOR
 from jaxpar.models import ViT
 from jaxpar.models.mlp import ACTIVATIONS
 from jaxpar.models.vit import TransformerBlock
-from jaxpar.parallel.base import Strategy
+from jaxpar.parallel.base import Strategy, model_option
 from jaxpar.errors import ConfigError
 
 COLUMN = ("up", "query", "key", "value")  # kernel split on the output dim, bias split
@@ -96,14 +96,16 @@ class _TensorBase(Strategy):
     family = "model parallel"
     models = ("stack-mlp", "vit")  # identical blocks whose layers split column -> row
     default_axes = {TENSOR: -1}
+    axes = (DATA, TENSOR)
 
-    def make_mesh(self, devices):
-        mesh = super().make_mesh(devices)
-        shape = meshlib.mesh_shape(mesh)
-        if shape.get(meshlib.STAGE, 1) > 1:
-            raise meshlib.MeshError(f"--strategy {self.name} uses the tensor (and data) axes; "
-                                    "drop stage= from --mesh or use --strategy hybrid")
-        return mesh
+    @classmethod
+    def check(cls, config, axes):
+        # (the ViT's fixed head count is checked when the model is built, in `init`)
+        degree, width = axes.get(TENSOR, 1), model_option(config, "width")
+        if config.model.model == "stack-mlp" and width % degree:
+            return [f"--width {width} does not split over tensor={degree}; make --width a "
+                    f"multiple of {degree} or change --mesh tensor=."]
+        return []
 
     def init(self, model, tx, mesh):
         self.mesh, self.tx = mesh, tx
@@ -129,12 +131,11 @@ class _TensorBase(Strategy):
     def _build_programs(self) -> None:
         raise NotImplementedError
 
+    def rows_multiple(self) -> int:
+        return self.data
+
     def place_batch(self, batch):
-        n = len(batch["label"])
-        if n % self.data:
-            raise ConfigError(f"batch of {n} does not split over data={self.data}; change "
-                              "--batch-size (or --eval-batch-size) to a multiple of it")
-        return jax.device_put(batch, self.batch_sharding)
+        return jax.device_put(self.pad(batch), self.batch_sharding)
 
     def state_from_reference(self, ref):
         return jax.device_put(ref, self.shardings)

@@ -1,0 +1,146 @@
+"""One validation of a whole run's configuration, before any work, for every command.
+
+`train`, `bench` and the studies call `validate(config)` once JAX knows its devices. It checks
+every option against the rule written beside its default (`jaxpar.config`: lr > 0 and finite,
+momentum in [0, 1), counts >= 1, ...), the choices, the options that do not apply (a model
+option the model does not take, another strategy's option, momentum without the momentum
+optimizer, warm-up without the warm-up schedule: refused, never silently ignored), then the
+combinations: the strategy takes the model, the mesh fits the devices, and the strategy's own
+`check` (blocks per stage, micro-batches per shard, width per tensor shard, ...).
+
+    validate(config)   # ConfigError: one paragraph naming each flag as typed and its value
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+from flax import nnx
+
+from jaxpar import config as configlib
+from jaxpar.config import TrainConfig
+from jaxpar.data import DATASETS
+from jaxpar.distributed import MODES
+from jaxpar.errors import ConfigError, MeshError
+from jaxpar import measure
+from jaxpar.models import ACTIVATIONS, MODELS, OPTIONS, make_model, takes
+from jaxpar.optim import OPTIMIZERS, SCHEDULES
+from jaxpar.parallel import STRATEGIES
+from jaxpar.parallel.schedules import SCHEDULES as PIPELINE_SCHEDULES
+
+# Fields whose values come from a fixed list; each list lives with the code that uses it.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "dataset": DATASETS, "model": tuple(MODELS), "strategy": tuple(STRATEGIES),
+    "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES, "activation": tuple(ACTIVATIONS),
+    "schedule": tuple(PIPELINE_SCHEDULES), "distributed": MODES,
+}
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of a config field: batch_size -> --batch-size."""
+    return "--" + name.replace("_", "-")
+
+
+def validate(config: TrainConfig, devices: int | None = None) -> None:
+    """Raise ConfigError listing everything in `config` that cannot work (nothing else runs).
+
+    Args:
+      devices: how many devices the run will have (default: `len(jax.devices())`, or
+        `--devices` when set), for the mesh checks; a study passes its points' counts.
+    """
+    problems = option_problems(config)
+    if not problems:  # combinations only make sense once every value is in range
+        if devices is None:
+            devices = config.parallel.devices or len(jax.devices())
+        problems = combination_problems(config, devices)
+    if problems:
+        raise ConfigError(" ".join(problems) + " Nothing was run or written.")
+
+
+def option_problems(config: TrainConfig) -> list[str]:
+    """Each option on its own: its rule, its choices, and whether it applies to this run."""
+    problems = []
+    for section, f in configlib.flat_fields():
+        value = getattr(getattr(config, section) if section else config, f.name)
+        rule = f.metadata.get("valid")
+        if value is not None and rule is not None and not rule.test(value):
+            problems.append(f"{flag(f.name)} {value} is not valid: it must be {rule.text}.")
+        if f.name in CHOICES and value is not None and value not in CHOICES[f.name]:
+            problems.append(f"{flag(f.name)} {value!r} is not one of: {', '.join(CHOICES[f.name])}.")
+    return problems or not_applying(config)
+
+
+def not_applying(config: TrainConfig) -> list[str]:
+    """Options given a value the chosen model, optimizer, schedule or strategy does not read."""
+    problems = []
+    model, strategy = config.model.model, STRATEGIES[config.parallel.strategy]
+    for option in OPTIONS:
+        if getattr(config.model, option) is not None and option not in takes(model):
+            users = [m for m in MODELS if option in takes(m)]
+            problems.append(f"--model {model} does not take {flag(option)} (it applies to: "
+                            f"{', '.join(users)}).")
+    defaults = configlib.TrainConfig()
+    if config.optim.momentum != defaults.optim.momentum and config.optim.optimizer != "momentum":
+        problems.append(f"--momentum applies to --optimizer momentum, not {config.optim.optimizer}.")
+    if config.optim.warmup_steps and config.optim.lr_schedule != "warmup-cosine":
+        problems.append("--warmup-steps applies to --lr-schedule warmup-cosine, not "
+                        f"{config.optim.lr_schedule}.")
+    for option in sorted({o for cls in STRATEGIES.values() for o in cls.options}):
+        value = getattr(config.parallel, option)
+        if value != getattr(defaults.parallel, option) and option not in strategy.options:
+            users = [n for n, cls in STRATEGIES.items() if option in cls.options]
+            problems.append(f"{flag(option)} {value} applies to --strategy {' or '.join(users)}; "
+                            f"--strategy {strategy.name} does not use it (drop it).")
+    return problems
+
+
+def combination_problems(config: TrainConfig, devices: int) -> list[str]:
+    """Options together: run length, target, checkpoints, model x strategy x mesh x batch."""
+    problems = []
+    opt, steps = config.optim, config.steps
+    if opt.lr_schedule == "warmup-cosine" and steps is not None and opt.warmup_steps >= steps:
+        problems.append(f"--warmup-steps {opt.warmup_steps} must be fewer than --steps {steps}.")
+    if config.target_accuracy is not None and config.data.val_size == 0:
+        problems.append("--target-accuracy is checked on the validation split; set --val-size > 0.")
+    if (config.resume or config.checkpoint_every) and not config.checkpoint_dir:
+        what = "--resume" if config.resume else "--checkpoint-every"
+        problems.append(f"{what} needs --checkpoint-dir (the folder checkpoints go to).")
+    strategy = STRATEGIES[config.parallel.strategy]
+    try:
+        strategy.check_model(config.model.model)
+        axes = strategy.mesh_axes(config.parallel.mesh, devices)
+    except (ConfigError, MeshError) as e:
+        return problems + [str(e).rstrip(".") + "."]
+    return problems + strategy.check(config, axes) + memory_problems(config)
+
+
+def memory_problems(config: TrainConfig) -> list[str]:
+    """A model whose parameters alone (shapes traced, nothing allocated) outgrow the memory of
+    one device: refused here rather than failing deep inside XLA's allocator."""
+    m = config.model
+    abstract = nnx.eval_shape(lambda: make_model(m.model, seed=0, depth=m.depth, width=m.width,
+                                                 activation=m.activation, batch_norm=m.batch_norm))
+    need = measure.tree_bytes(nnx.state(abstract, nnx.Param))
+    have = device_memory_bytes()
+    if need > have:
+        given = "".join(f" {flag(o)} {getattr(m, o)}" for o in ("width", "depth") if getattr(m, o))
+        return [f"--model {m.model}{given} has {need / 2**30:,.0f} GiB of parameters, more than "
+                f"one device's {have / 2**30:,.1f} GiB; lower --width or --depth."]
+    return []
+
+
+def device_memory_bytes() -> int:
+    """What one device can hold: the accelerator's own limit, or the host's RAM on a CPU."""
+    stats = jax.devices()[0].memory_stats() or {}
+    if "bytes_limit" in stats:
+        return int(stats["bytes_limit"])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_schedule(config: TrainConfig, total_steps: int) -> None:
+    """The checks that need the run's length in steps (known once the data is loaded)."""
+    warmup = config.optim.warmup_steps
+    if config.optim.lr_schedule == "warmup-cosine" and warmup >= total_steps:
+        raise ConfigError(f"--warmup-steps {warmup} must be fewer than the run's {total_steps} "
+                          "steps; lower it or train longer (--epochs, --steps).")
