@@ -1,5 +1,6 @@
-"""Pipeline parallelism (GPipe and 1F1B) equals `single`; its bubble, communication and
-memory match the schedule's theory; bad shapes name the option to change."""
+"""`pipeline` (GPipe and 1F1B) equals `single`; its communication and memory match theory.
+
+Bad shapes name the option to change."""
 
 import functools
 
@@ -8,9 +9,7 @@ import numpy as np
 import pytest
 
 import equivalence as eq
-from jaxpar import measure
-from jaxpar.config import ConfigError
-from jaxpar.mesh import MeshError
+from jaxpar.errors import ConfigError, MeshError
 from jaxpar.parallel import schedules
 
 STACK = dict(model="stack-mlp", width=32, depth=4, batch_size=32, lr=0.01)
@@ -55,8 +54,8 @@ def _accounting(schedule, micro=16, remat=False, stages=2):
     cfg = eq.config(strategy="pipeline", mesh=f"stage={stages}", microbatches=micro, schedule=schedule,
                     remat=remat, model="stack-mlp", width=64, depth=4, batch_size=128)
     t = eq.run(cfg, steps=1, devices=stages, global_batches=eq.batches(128, 1))
-    compiled, _ = t.strategy.compile("step", t.state, t.strategy.place_batch(eq.batches(128, 1)[0]))
-    return t.strategy.accounting(measure.program_stats(compiled), t.state), t
+    programs = t.strategy.compile("step", t.state, t.strategy.place_batch(eq.batches(128, 1)[0]))
+    return t.strategy.accounting(programs, t.state), t
 
 
 def test_1f1b_holds_less_activation_memory_than_gpipe():

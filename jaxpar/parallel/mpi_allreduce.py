@@ -1,13 +1,13 @@
-"""`mpi-allreduce`: one process per MPI rank, one device per rank; gradients fused into one
-flat buffer (Horovod's tensor fusion) and summed across ranks with `mpi4jax.allreduce` inside
-the jitted step. Each rank reads only its own rows of every global batch.
+"""`mpi-allreduce`: one process per MPI rank, gradients summed with `mpi4jax.allreduce`.
+
+One device per rank; gradients fused into one flat buffer (Horovod's tensor fusion) and
+summed across ranks with `mpi4jax.allreduce` inside the jitted step. Each rank reads only
+its own rows of every global batch.
 
     mpiexec -n 2 python -m mpi4py -m experiments train --strategy mpi-allreduce --model mlp
 """
 
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +29,10 @@ class MpiAllreduce(Strategy):
                "`mpi4jax.allreduce` inside `jit` (Horovod-style)")
     default_axes = {meshlib.DATA: 1}
     uses_mpi = True  # ranks are joined by MPI itself, not jax.distributed
+    # Compiled for the program statistics, but called through `jit`: mpi4jax's collectives
+    # are ordered effects whose token argument only jit's call path supplies (the bare
+    # executable fails with 'supplied N arguments but expected N+1').
+    runs_executables = False
 
     @classmethod
     def default_mesh(cls, devices):
@@ -88,23 +92,15 @@ class MpiAllreduce(Strategy):
         sums = mpi_common.metric_sums_shape()
         return theory.mpi_allreduce_bytes(mpi_common.fused_bytes((self.template.params, sums)), self.size)
 
-    def accounting(self, step_stats, state) -> dict:
+    def accounting(self, programs, state) -> dict:
         """The base metrics (mpi4jax calls are counted from the compiled step's custom calls)
         plus the communication's own time: `_communicate` timed on this step's buffer sizes."""
-        out = super().accounting(step_stats, state)
+        out = super().accounting(programs, state)
         sums = jax.device_put(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                                            mpi_common.metric_sums_shape()), self.device)
         communicate = jax.jit(self._communicate)
         times = measure.time_calls(lambda: communicate(state, sums), COMM_REPEATS)
         return {**out, "comm_time_ms_median": measure.median_ms(times)}
-
-    def compile(self, name, *args):
-        """AOT-compile for the program statistics, but keep calling through `jit`: mpi4jax's
-        collectives are ordered effects whose token argument only jit's call path supplies
-        (the bare executable fails with 'supplied N arguments but expected N+1')."""
-        compiled, seconds = super().compile(name, *args)
-        del self.compiled[name]
-        return compiled, seconds
 
     # --- placement -----------------------------------------------------------------------
     def place_batch(self, batch):
