@@ -10,7 +10,6 @@ import pytest
 
 import equivalence as eq
 from jaxpar.errors import ConfigError, MeshError
-from jaxpar.parallel import schedules
 
 STACK = dict(model="stack-mlp", width=32, depth=4, batch_size=32, lr=0.01)
 VIT = dict(model="vit", width=32, depth=4, batch_size=16, lr=0.01)
@@ -38,16 +37,6 @@ def test_vit_equals_single(schedule, stages):
 def test_remat_changes_memory_not_results():
     cfg = eq.config(strategy="pipeline", mesh="stage=2", microbatches=4, remat=True, **STACK)
     eq.assert_equivalent(reference("stack-mlp"), eq.run(cfg, steps=5, devices=2))
-
-
-@pytest.mark.parametrize("stages,micro", [(2, 4), (4, 8), (3, 7), (4, 4)])
-def test_bubble_of_both_schedules_equals_theory(stages, micro):
-    for name in ("gpipe", "1f1b"):
-        table = schedules.schedule(name, stages, micro)
-        assert schedules.bubble_fraction(table) == pytest.approx((stages - 1) / (micro + stages - 1))
-    assert schedules.peak_in_flight(schedules.schedule("1f1b", stages, micro)) == \
-        [min(stages - s, micro) for s in range(stages)]
-    assert schedules.peak_in_flight(schedules.schedule("gpipe", stages, micro)) == [micro] * stages
 
 
 def _accounting(schedule, micro=16, remat=False, stages=2):
