@@ -237,7 +237,9 @@ class Programs:
     @property
     def flops(self) -> float:
         """FLOPs of one call on every device together: an SPMD program's cost analysis is
-        one device's share, so it counts once per device that runs it."""
+        one device's share, so it counts once per device that runs it. A conditional's branch
+        counts on every call, as XLA's cost analysis gives it (local-sgd's average: a few
+        element-wise FLOPs per parameter, though it runs once every k steps)."""
         return sum(p.stats["flops"] * p.devices for p in self.parts)
 
     @property

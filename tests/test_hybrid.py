@@ -14,7 +14,7 @@ from conftest import requires_devices
 from jaxpar.errors import ConfigError
 
 BASE = dict(model="stack-mlp", width=32, depth=4, batch_size=32, lr=0.01)
-VIT = dict(model="vit", width=32, depth=4, batch_size=16, lr=0.01)  # 4 heads: 2 per device
+VIT = dict(model="vit", width=32, depth=2, batch_size=16, lr=0.01)  # 4 heads: 2 per device
 
 
 @functools.lru_cache(maxsize=None)
