@@ -1,0 +1,5 @@
+"""jaxpar: train image classifiers with many kinds of parallelism and measure what each buys.
+
+The library: `train.fit` (the loop), `bench.benchmark`, `parallel.STRATEGIES`; the command
+line is `python -m experiments` (see README.md).
+"""

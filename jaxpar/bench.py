@@ -1,5 +1,7 @@
-"""Benchmark one strategy's training step: steady-state time, images/s, compile time,
-achieved FLOP/s against a measured matmul peak, collective bytes and memory per device.
+"""Benchmark one strategy's training step: time, images/s, FLOP/s, bytes and memory.
+
+Steady-state step time, images/s and compile time; achieved FLOP/s against a measured matmul
+peak; collective bytes and memory per device.
 
     python -m experiments bench --model cnn --batch-size 128 --strategy single
 
@@ -42,8 +44,7 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
     tx = make_optimizer(config.optim, total_steps=warmup + iters + 1)
     state = strategy.init(build_model(config), tx, mesh)
     batch = strategy.place_batch(host_batch)
-    compiled, compile_s = strategy.compile("step", state, batch)
-    stats = measure.program_stats(compiled)
+    programs = strategy.compile("step", state, batch)
 
     holder = {"state": state}
 
@@ -53,22 +54,20 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
 
     times = measure.time_calls(one_step, iters, warmup=warmup)
     median_s = sorted(times)[len(times) // 2]
-    devices = list(mesh.devices.flat)
-    peak = measure.matmul_peak(devices)["gflops"] if matmul_peak else None
-    accounting = strategy.accounting(stats, holder["state"])
-    flops = measure.step_flops(stats["flops"], accounting, len(devices))
-    achieved = flops / median_s / 1e9
+    peak = measure.matmul_peak(list(mesh.devices.flat))["gflops"] if matmul_peak else None
+    accounting = strategy.accounting(programs, holder["state"])
+    achieved = programs.flops / median_s / 1e9
     metrics = {
         "step_time_ms_median": 1000 * median_s,
         "step_time_ms_min": 1000 * min(times),
         "step_time_ms_max": 1000 * max(times),
         "images_per_sec": batch_size / median_s,
-        "compile_s": compile_s,
-        "flops_per_step": flops,
+        "compile_s": programs.seconds,
+        "flops_per_step": programs.flops,
         "achieved_gflops": achieved,
         "matmul_peak_gflops": peak,
         "percent_of_peak": None if peak is None else 100 * achieved / peak,
-        "flops_loop_bodies_once": stats["has_loops"],
+        "flops_loop_bodies_once": programs.has_loops,
         **accounting,
         "iters": iters,
         "wall_s": time.perf_counter() - wall_start,

@@ -29,7 +29,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxpar.config import ConfigError, TrainConfig, to_dict
+from jaxpar.config import TrainConfig, to_dict
+from jaxpar.errors import ConfigError
 
 FORMAT = "jaxpar-checkpoint-v1"
 # Options that may change between a run and its resume: where and how it is placed

@@ -18,7 +18,7 @@ from typing import Iterator
 import numpy as np
 
 from jaxpar.config import DataConfig
-from jaxpar.idx import DataError
+from jaxpar.errors import DataError
 
 DATASETS = ("fashion_mnist", "mnist", "synthetic")
 NUM_CLASSES = 10

@@ -1,5 +1,7 @@
-"""Many processes: per-rank threads and pinning, a fault hook that aborts the whole MPI job,
-and `jax.distributed` start-up from MPI or SLURM, all BEFORE JAX's backend starts.
+"""Many processes: rank threads and pinning, a job-wide abort hook, `jax.distributed` start-up.
+
+Per-rank threads and pinning, a fault hook that aborts the whole MPI job, and
+`jax.distributed` start-up from MPI or SLURM, all BEFORE JAX's backend starts.
 
     mpiexec -n 2 python -m mpi4py -m experiments train --strategy mpi-allreduce --single-thread
     mpiexec -n 2 python -m mpi4py -m experiments train --strategy single --distributed mpi

@@ -1,19 +1,23 @@
 """Measurements of compiled programs: time, FLOPs, memory and collective bytes.
 
-Communication is read from the compiled HLO (DESIGN.md invariant 4): every collective op,
-its operand bytes, and the trip counts of the loops it sits in, so a pipeline's per-tick
-`ppermute` inside a `scan` counts once per tick.
+Communication is read from the compiled HLO (docs/design.md): every collective op, its
+operand bytes, the trip counts of the loops it sits in (a pipeline's per-tick `ppermute`
+inside a `scan` counts once per tick) and whether it sits in a conditional's branch (taken
+only some steps: local-sgd's average).
 
     stats = program_stats(compiled)          # flops, memory, collectives of one executable
+    programs = strategy.compile("step", state, batch)   # a Programs: every program of a step
     ms = time_calls(lambda: step(...), n=20) # steady-state wall times, one call in flight
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
@@ -30,7 +34,8 @@ _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16
 _SHAPE = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
 _INSTRUCTION = re.compile(r"=\s*(\(.*?\)|[a-z]+\d*\[[\d,]*\](?:\{[^}]*\})?)\s+([a-z\-]+)\(")
-_CALLEE = re.compile(r"\b(?:body|condition|to_apply|calls|true_computation|false_computation)=%?([\w.\-]+)")
+_CALLEE = re.compile(r"\b(?:body|condition|to_apply|calls)=%?([\w.\-]+)")
+_BRANCH = re.compile(r"\b(?:true_computation|false_computation)=%?([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 
@@ -54,13 +59,8 @@ def _group_size(line: str) -> int:
     return 1
 
 
-def collectives(hlo_text: str) -> list[dict[str, Any]]:
-    """Every collective in an HLO module with its operand bytes and how often it runs.
-
-    Returns:
-      [{'op', 'bytes' (operand bytes of one execution), 'count' (executions per program run,
-        loop trip counts multiplied in), 'group_size' (None for mpi4jax calls)}]
-    """
+def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str | None]:
+    """The HLO module's computations ({name: body lines}) and the name of its entry."""
     bodies: dict[str, list[str]] = {}
     entry, current = None, None
     for line in hlo_text.splitlines():
@@ -74,51 +74,79 @@ def collectives(hlo_text: str) -> list[dict[str, Any]]:
             current = None
         elif current is not None:
             bodies[current].append(line)
-    if entry is None:
-        return []
+    return bodies, entry
 
-    # How many times each computation runs per program run (while bodies x trip count).
+
+def _run_counts(bodies: dict[str, list[str]], entry: str) -> tuple[dict[str, int], dict[str, int]]:
+    """How many times each computation runs per program run (while bodies x trip count), and
+    how many of those runs sit inside a conditional's branch (taken only when chosen)."""
     runs: dict[str, int] = defaultdict(int)
+    in_branch: dict[str, int] = defaultdict(int)
     runs[entry] = 1
     order = [entry]
     for name in order:  # breadth-first over the call graph
         for line in bodies.get(name, []):
             trip = _TRIP.search(line)
-            callees = _CALLEE.findall(line)
+            branches = _BRANCH.findall(line)
             for b in _BRANCHES.findall(line):
-                callees += [c.strip().lstrip("%") for c in b.split(",")]
-            for callee in callees:
+                branches += [c.strip().lstrip("%") for c in b.split(",")]
+            for callee in _CALLEE.findall(line) + branches:
                 mult = int(trip.group(1)) if (trip and f"body=%{callee}" in line) else 1
                 if callee not in runs:
                     order.append(callee)
                 runs[callee] += runs[name] * mult
+                in_branch[callee] += (runs[name] if callee in branches else in_branch[name]) * mult
+    return runs, in_branch
 
+
+def collectives(hlo_text: str) -> list[dict[str, Any]]:
+    """Every collective in an HLO module with its operand bytes and how often it runs.
+
+    Returns:
+      [{'op', 'bytes' (operand bytes of one execution), 'count' (executions per program run,
+        loop trip counts multiplied in), 'group_size' (None for mpi4jax calls), 'in_branch'
+        (True: inside a conditional's branch, so it runs only when that branch is taken)}];
+      a collective reached both inside and outside a branch is listed once for each.
+    """
+    bodies, entry = _computations(hlo_text)
+    if entry is None:
+        return []
+    runs, in_branch = _run_counts(bodies, entry)
     found = []
     for name, lines in bodies.items():
+        if not runs.get(name, 0):
+            continue
         for line in lines:
-            m = _INSTRUCTION.search(line)
-            if not m:
+            one = _collective(line)
+            if one is None:
                 continue
-            result_type, op = m.groups()
-            if op == "custom-call" and runs.get(name, 0):
-                mpi = _mpi_call(line)
-                if mpi:
-                    found.append({**mpi, "count": runs[name]})
-                continue
-            base = op.removesuffix("-start")
-            if base not in COLLECTIVES or op.endswith("-done") or runs.get(name, 0) == 0:
-                continue
-            nbytes = shape_bytes(result_type)
-            group = _group_size(line)
-            if op.endswith("-start") and result_type.startswith("("):
-                # async start returns (operand, result, ...): count the operand only
-                nbytes = shape_bytes(result_type.split(")")[0].split(",")[0] + "]")
-            if base == "all-gather":
-                nbytes //= max(group, 1)  # result is the gathered array: operand is 1/N of it
-            elif base == "reduce-scatter":
-                nbytes *= group           # result is one shard: operand is N of them
-            found.append({"op": base, "bytes": nbytes, "count": runs[name], "group_size": group})
+            for branch, count in ((False, runs[name] - in_branch[name]), (True, in_branch[name])):
+                if count:
+                    found.append({**one, "count": count, "in_branch": branch})
     return found
+
+
+def _collective(line: str) -> dict[str, Any] | None:
+    """The op, operand bytes and group size of one HLO instruction, if it is a collective."""
+    m = _INSTRUCTION.search(line)
+    if not m:
+        return None
+    result_type, op = m.groups()
+    if op == "custom-call":
+        return _mpi_call(line)
+    base = op.removesuffix("-start")
+    if base not in COLLECTIVES or op.endswith("-done"):
+        return None
+    nbytes = shape_bytes(result_type)
+    group = _group_size(line)
+    if op.endswith("-start") and result_type.startswith("("):
+        # async start returns (operand, result, ...): count the operand only
+        nbytes = shape_bytes(result_type.split(")")[0].split(",")[0] + "]")
+    if base == "all-gather":
+        nbytes //= max(group, 1)  # result is the gathered array: operand is 1/N of it
+    elif base == "reduce-scatter":
+        nbytes *= group           # result is one shard: operand is N of them
+    return {"op": base, "bytes": nbytes, "group_size": group}
 
 
 def _mpi_call(line: str) -> dict[str, Any] | None:
@@ -132,30 +160,41 @@ def _mpi_call(line: str) -> dict[str, Any] | None:
             "group_size": None}
 
 
-def collective_bytes(hlo_text: str) -> dict[str, int]:
-    """Operand bytes per program run, by collective kind, plus 'total'."""
-    totals: dict[str, int] = defaultdict(int)
+def collective_bytes(hlo_text: str, branch_every: int = 1) -> dict[str, int]:
+    """Operand bytes per program run, by collective kind, plus 'total'.
+
+    Args:
+      branch_every: a conditional's branch is taken once every this many runs (local-sgd's
+        average: k); collectives inside one count 1/branch_every of their bytes per run.
+    """
+    always: dict[str, int] = defaultdict(int)
+    branch: dict[str, int] = defaultdict(int)
     for c in collectives(hlo_text):
-        totals[c["op"]] += c["bytes"] * c["count"]
+        (branch if c["in_branch"] else always)[c["op"]] += c["bytes"] * c["count"]
+    totals = {op: always.get(op, 0) + branch.get(op, 0) // branch_every
+              for op in {**always, **branch}}
     totals["total"] = sum(totals.values())
-    return dict(totals)
+    return totals
 
 
-def program_stats(compiled) -> dict[str, Any]:
+def program_stats(compiled, branch_every: int = 1) -> dict[str, Any]:
     """FLOPs, memory per device and collective bytes of one compiled executable.
 
     FLOPs come from XLA's cost analysis, which counts a loop body once; programs with loops
-    report `flops_per_loop_trip_counted_once: True` so nobody mistakes it for the total.
+    report `has_loops: True` so nobody mistakes it for the total.
+
+    Args:
+      branch_every: see `collective_bytes`.
     """
     cost = compiled.cost_analysis()
     if isinstance(cost, list):
         cost = cost[0] if cost else {}
     mem = compiled.memory_analysis()
     text = compiled.as_text()
-    stats = {
+    return {
         "flops": float(cost.get("flops", 0.0)) if cost else 0.0,
         "has_loops": " while(" in text,
-        "collective_bytes": collective_bytes(text),
+        "collective_bytes": collective_bytes(text, branch_every),
         "memory": {
             "argument_bytes": int(getattr(mem, "argument_size_in_bytes", 0)),
             "output_bytes": int(getattr(mem, "output_size_in_bytes", 0)),
@@ -163,7 +202,69 @@ def program_stats(compiled) -> dict[str, Any]:
             "alias_bytes": int(getattr(mem, "alias_size_in_bytes", 0)),
         },
     }
-    return stats
+
+
+@dataclass(frozen=True)
+class Program:
+    """One compiled executable of a strategy and how it counts toward one call of its entry
+    point (a training step, say)."""
+
+    name: str
+    executable: Any      # jax.stages.Compiled
+    devices: int = 1     # devices that each run a share of it (SPMD: the mesh; a stage: 1)
+    branch_every: int = 1  # its conditional branch runs once every this many calls (local-sgd)
+
+    @functools.cached_property
+    def stats(self) -> dict[str, Any]:
+        """`program_stats` of the executable (computed on first use: it reads the HLO)."""
+        return program_stats(self.executable, self.branch_every)
+
+
+@dataclass(frozen=True)
+class Programs:
+    """What `Strategy.compile(name, state, batch)` gives, the same for every strategy: the
+    seconds it took and every program one call of `name` runs (layer-split: one per stage
+    and kind; the rest: one SPMD program), with their statistics added up.
+
+        programs = strategy.compile("step", state, batch)
+        programs.seconds, programs.flops, programs.memory, programs.collective_bytes
+    """
+
+    name: str                        # the entry point: 'step' or 'eval_step'
+    seconds: float                   # lowering and compiling every program
+    parts: tuple[Program, ...]
+
+    @property
+    def flops(self) -> float:
+        """FLOPs of one call on every device together: an SPMD program's cost analysis is
+        one device's share, so it counts once per device that runs it. A conditional's branch
+        counts on every call, as XLA's cost analysis gives it (local-sgd's average: a few
+        element-wise FLOPs per parameter, though it runs once every k steps)."""
+        return sum(p.stats["flops"] * p.devices for p in self.parts)
+
+    @property
+    def memory(self) -> dict[str, int]:
+        """Memory per device: field-wise the most any one program needs."""
+        return max_memory([p.stats["memory"] for p in self.parts])
+
+    @property
+    def collective_bytes(self) -> dict[str, int]:
+        """Collective operand bytes per call by op, plus 'total', over every program."""
+        totals: dict[str, int] = defaultdict(int)
+        for p in self.parts:
+            for op, nbytes in p.stats["collective_bytes"].items():
+                if op != "total":
+                    totals[op] += nbytes
+        return {**totals, "total": sum(totals.values())}
+
+    @property
+    def has_loops(self) -> bool:
+        """Some program has a loop, whose body XLA's FLOP count includes once."""
+        return any(p.stats["has_loops"] for p in self.parts)
+
+    def part(self, name: str) -> Program:
+        """The program called `name` (layer-split: 'train_fwd0', 'last', 'update1', ...)."""
+        return next(p for p in self.parts if p.name == name)
 
 
 def time_calls(fn: Callable[[], Any], n: int, warmup: int = 2) -> list[float]:
@@ -222,18 +323,6 @@ def state_bytes_per_device(state) -> int:
             rows = [len(range(*i.indices(n))) for i, n in zip(index, leaf.shape)]
             per_device[device] += int(np.prod(rows)) * itemsize
     return int(max(per_device.values(), default=0) + host)
-
-
-def step_flops(program_flops: float, accounting: dict[str, Any], devices: int) -> float:
-    """FLOPs of one whole training step on every device together, from XLA's cost analysis.
-
-    Args:
-      program_flops: `program_stats(compiled)["flops"]` of the step program; for an SPMD
-        program that is one device's share, and the step runs on all `devices`.
-      accounting: `strategy.accounting(...)`; layer-split runs one program per stage, each on
-        one device, and reports their sum as `flops_all_stage_programs`.
-    """
-    return accounting.get("flops_all_stage_programs") or program_flops * devices
 
 
 def max_memory(stats: list[dict[str, Any]]) -> dict[str, int]:

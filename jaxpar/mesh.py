@@ -1,6 +1,6 @@
 """Device meshes: the axis names, `--mesh` parsing, CPU-device simulation.
 
-Axis names live here and nowhere else (DESIGN.md invariant 2): code says `DATA`, never "data".
+Axis names live here and nowhere else (docs/design.md): code says `DATA`, never "data".
 
     make_mesh({DATA: -1, TENSOR: 2})   # -1 = whatever devices are left
 """

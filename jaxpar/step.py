@@ -2,7 +2,7 @@
 
 Nothing here knows about devices. A strategy decides where these run and how gradients are
 combined (a collective, a pipeline schedule, a parameter server), never what they compute,
-so every strategy trains the same model the same way (STYLE.md 4).
+so every strategy trains the same model the same way.
 
 A batch is a dict of host or device arrays:
     image  uint8   [B, 28, 28, 1]   normalised on device (uint8 crosses the bus: 4x fewer bytes)
@@ -21,6 +21,7 @@ import optax
 from flax import nnx, struct
 
 Params = Any  # nested dict of arrays (nnx.to_pure_dict layout)
+SUMS = ("loss_sum", "correct", "count")  # the metric sums (`metric_sums`) every step returns
 
 
 @struct.dataclass

@@ -36,7 +36,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 from tensorflow_datasets.proto import tf_example_pb2
 
-from jaxpar.idx import IDX_FILE_STEMS, DataError, find_idx_files, read_split
+from jaxpar.errors import DataError
+from jaxpar.idx import IDX_FILE_STEMS, find_idx_files, read_split
 
 log = logging.getLogger(__name__)
 

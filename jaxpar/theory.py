@@ -1,6 +1,7 @@
-"""Communication and memory predicted from first principles, to set beside what the compiled
-programs measure (DESIGN.md invariant 4). Bytes are collective *operand* bytes, as
-`jaxpar.measure.collective_bytes` counts them.
+"""Communication and memory predicted from first principles, beside what programs measure.
+
+See docs/design.md. Bytes are collective *operand* bytes,
+as `jaxpar.measure.collective_bytes` counts them.
 
     tensor_collective_bytes(batch_local=64, width=32, depth=4, degree=2, vit=False)
 """

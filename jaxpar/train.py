@@ -1,7 +1,14 @@
 """The training loop: batches -> strategy.step -> evaluation -> RunResult.
 
 One loop for every strategy. It validates each epoch (or every `--eval-every` steps), tests
-at the end, shows a rich progress bar and returns a `RunResult` for `results.save`.
+at the end, shows a rich progress bar and returns a `RunResult` for `results.save`. `fit`
+reads as its pieces:
+
+    set_up            options checked, data loaded, state placed (or resumed from a checkpoint)
+    compile_programs  step and eval programs compiled: compile time, FLOPs, bytes, memory
+    train_epoch       an epoch's steps: `log_step` at each sync point, `validate` every N steps
+    end_epoch         the epoch's validation, running sums reset, checkpoint when due
+    make_result       test split, metrics, the RunResult
 
     python -m experiments train --model cnn --epochs 3 --out results/run1
     python -m experiments train --model mlp --epochs 5 --eval-every 25 --target-accuracy 0.85
@@ -14,23 +21,24 @@ compilation (`compile_s`, reported apart) and without evaluation. It survives `-
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import statistics
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import jax
 
 from jaxpar import checkpoint as ckptlib
 from jaxpar import data as datalib
-from jaxpar import measure
-from jaxpar.config import ConfigError, TrainConfig, to_dict
+from jaxpar.config import TrainConfig, to_dict
+from jaxpar.errors import ConfigError
 from jaxpar.models import make_model
 from jaxpar.optim import make_optimizer
 from jaxpar.parallel import STRATEGIES
 from jaxpar.results import RunResult, capture_provenance, environment
-from jaxpar.step import summarize
+from jaxpar.step import SUMS, summarize
 
 
 def check_target(config: TrainConfig) -> None:
@@ -53,6 +61,7 @@ def first_reaching(history: list[dict[str, Any]], target: float | None) -> dict[
 
 
 def make_strategy(config: TrainConfig):
+    """The `--strategy` named in `config`, constructed (ConfigError naming the choices)."""
     name = config.parallel.strategy
     if name not in STRATEGIES:
         raise ConfigError(f"unknown --strategy {name!r}; choices: {', '.join(STRATEGIES)}")
@@ -60,6 +69,7 @@ def make_strategy(config: TrainConfig):
 
 
 def build_model(config: TrainConfig):
+    """The model `config` describes, its parameters seeded by `config.seed`."""
     m = config.model
     return make_model(m.model, seed=config.seed, depth=m.depth, width=m.width,
                       activation=m.activation, batch_norm=m.batch_norm)
@@ -69,9 +79,9 @@ def evaluate(strategy, state, split, batch_size: int) -> dict[str, float]:
     """Loss and accuracy over a whole split (padding rows carry weight 0)."""
     totals: dict[str, float] = {}
     for batch in datalib.eval_batches(split, batch_size):
-        sums = jax.device_get(strategy.eval_step(state, strategy.place_batch(batch)))
+        sums = strategy.host_sums(strategy.eval_step(state, strategy.place_batch(batch)))
         for k, v in sums.items():
-            totals[k] = totals.get(k, 0.0) + float(v)
+            totals[k] = totals.get(k, 0.0) + v
     return summarize(totals)
 
 
@@ -90,6 +100,7 @@ def target_metrics(reached: dict[str, Any] | None, batch_size: int) -> dict[str,
 
 
 def _progress(enabled: bool):
+    """The live progress bar (a silent one when not `enabled`)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     return Progress(TextColumn("[bold]epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
@@ -100,9 +111,51 @@ def _progress(enabled: bool):
 
 @dataclass
 class Outcome:
+    """What `fit` returns: the result, and what produced it for tests and checkpoints."""
+
     result: RunResult
     strategy: Any   # the Strategy that ran, for `to_reference` and checkpoints
     state: Any      # its final TrainState (placed on devices)
+
+
+@dataclass(frozen=True)
+class Run:
+    """What a run is set up with: the loop reads it and never changes it."""
+
+    config: TrainConfig
+    strategy: Any                  # the jaxpar.parallel Strategy that places the run
+    mesh: jax.sharding.Mesh
+    splits: datalib.Splits
+    per_epoch: int                 # steps per pass over the training split
+    total_steps: int
+    eval_bs: int                   # evaluation batch size (at most the test split)
+    ckpt: ckptlib.Checkpointer | None
+    console: Any                   # a rich Console for epoch lines (None: quiet)
+    # One step in flight on CPU: XLA's in-process collectives deadlock when steps queue up;
+    # elsewhere wait only every few steps so the host runs ahead.
+    sync_every: int
+
+    @property
+    def epochs(self) -> int:
+        return math.ceil(self.total_steps / self.per_epoch)
+
+
+@dataclass
+class LoopState:
+    """What the loop changes as it goes; a checkpoint keeps everything but `step_times`."""
+
+    state: Any                     # the strategy's TrainState
+    step: int = 0
+    resumed_from: int | None = None
+    train_s: float = 0.0           # step time only (no compilation, no evaluation)
+    running: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SUMS, 0.0))  # this epoch's
+    history: list[dict[str, Any]] = field(default_factory=list)   # one record per validation
+    last: dict[str, float] = field(default_factory=lambda: {"loss": math.nan, "accuracy": math.nan})
+    step_times: list[float] = field(default_factory=list)
+    reached: dict[str, Any] | None = None  # the first validation that reached --target-accuracy
+
+    def done(self, run: Run) -> bool:
+        return self.step >= run.total_steps or self.reached is not None
 
 
 def train(config: TrainConfig, console=None) -> RunResult:
@@ -120,147 +173,184 @@ def fit(config: TrainConfig, console=None) -> Outcome:
     """
     wall_start = time.perf_counter()
     capture_provenance(config.data)  # the revision and data this run starts from
+    run, loop = set_up(config, console)
+    compiled = compile_programs(run, loop.state)
+    with _progress(config.progress and console is not None) as bar, (run.ckpt or contextlib.nullcontext()):
+        task = bar.add_task("train", total=run.total_steps, completed=loop.step, epoch=1,
+                            loss=math.nan, acc=0.0, ips=0.0)
+        show = functools.partial(bar.update, task)
+        for epoch in range(loop.step // run.per_epoch, run.epochs):
+            if loop.reached is not None:
+                break
+            start = loop.step - epoch * run.per_epoch  # > 0 only in the epoch a resumed run stopped in
+            train_epoch(run, loop, epoch, start, show)
+            end_epoch(run, loop, epoch, start)
+            if loop.done(run):
+                break
+    if run.ckpt is not None:
+        if run.ckpt.last_saved != loop.step:
+            save(run, loop)
+        run.ckpt.close()  # waits for the asynchronous writes
+    return Outcome(make_result(run, loop, compiled, wall_start), run.strategy, loop.state)
+
+
+def set_up(config: TrainConfig, console=None) -> tuple[Run, LoopState]:
+    """Check the options, load the data, place the initial state; resume it if asked.
+    Every check comes before any write (bad --resume input overwrites nothing)."""
     strategy = make_strategy(config)
     check_target(config)
     if config.resume and not config.checkpoint_dir:
         raise ConfigError("--resume needs --checkpoint-dir (the folder the run saved to)")
-    # Checks the folder before any work or write (bad --resume input overwrites nothing).
-    ckpt = ckptlib.Checkpointer(config) if config.checkpoint_dir else None
+    ckpt = ckptlib.Checkpointer(config) if config.checkpoint_dir else None  # checks the folder
     splits = datalib.load(config.data, config.seed)
     mesh = strategy.make_mesh(jax.devices())
-    batch_size = config.data.batch_size
-    per_epoch = datalib.steps_per_epoch(len(splits.train[1]), batch_size)
+    per_epoch = datalib.steps_per_epoch(len(splits.train[1]), config.data.batch_size)
     total_steps = config.steps if config.steps is not None else config.epochs * per_epoch
     if total_steps < 1:
         raise ConfigError("--epochs and --steps must give at least one step")
-    epochs = math.ceil(total_steps / per_epoch)
+    run = Run(config, strategy, mesh, splits, per_epoch, total_steps,
+              eval_bs=min(config.data.eval_batch_size, len(splits.test[1])), ckpt=ckpt,
+              console=console, sync_every=1 if jax.default_backend() == "cpu" else 10)
     tx = make_optimizer(config.optim, total_steps)
-    state = strategy.init(build_model(config), tx, mesh)
-    step, resumed_from, train_s = 0, None, 0.0
-    running = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
-    history: list[dict[str, Any]] = []
+    loop = LoopState(state=strategy.init(build_model(config), tx, mesh))
     if ckpt is not None and config.resume:
-        ref, saved = ckpt.restore(strategy.state_to_reference(state))
-        state = strategy.state_from_reference(ref)
-        step = resumed_from = saved["step"]
-        running, history = saved["running"], saved["history"]
-        train_s = saved.get("train_s", 0.0)  # time to target counts the steps before the stop
-        if console is not None:
-            console.print(f"resumed from step {step} ({ckpt.directory / str(step)})")
-
-    first = strategy.place_batch(next(datalib.train_batches(splits.train, batch_size, config.seed, 0)))
-    compiled, compile_s = strategy.compile("step", state, first)
-    stats = measure.program_stats(compiled)
-    accounting = strategy.accounting(stats, state)
-    eval_bs = min(config.data.eval_batch_size, len(splits.test[1]))
-    eval_example = strategy.place_batch(next(datalib.eval_batches(splits.test, eval_bs)))
-    _, eval_compile_s = strategy.compile("eval_step", state, eval_example)
-    del first, eval_example
-
-    # One step in flight on CPU: XLA's in-process collectives deadlock when steps queue up
-    # (DEVELOPERS.md); elsewhere wait only every few steps so the host runs ahead.
-    sync_every = 1 if jax.default_backend() == "cpu" else 10
-    step_times: list[float] = []
-    last = {"loss": float("nan"), "accuracy": float("nan")}
+        resume(run, loop)
     # A run resumed after it reached the target has nothing left to train.
-    reached = first_reaching(history, config.target_accuracy)
+    loop.reached = first_reaching(loop.history, config.target_accuracy)
+    return run, loop
 
-    def validate(epoch: int) -> None:
-        nonlocal reached
-        if splits.val is None:
-            return
-        val = evaluate(strategy, state, splits.val, eval_bs)
-        record = {"step": step, "epoch": epoch, "train_loss": last["loss"],
-                  "train_accuracy": last["accuracy"], "val_loss": val["loss"],
-                  "val_accuracy": val["accuracy"], "train_s": train_s}
-        history.append(record)
-        if console is not None:
-            console.print(f"epoch {epoch + 1:>3}  step {step:>6}  train loss {last['loss']:.4f}  "
-                          f"val loss {val['loss']:.4f}  val acc {val['accuracy']:.4f}")
-        reached = first_reaching([record], config.target_accuracy)
-        if reached is not None and console is not None:
-            console.print(f"target validation accuracy {config.target_accuracy} reached at step {step} "
-                          f"({train_s:.1f} s of training)")
 
-    def save():  # the data order is a function of (seed, epoch): the step fixes the position
-        progress = {"epoch": step // per_epoch, "position": step % per_epoch,
-                    "running": running, "history": history, "train_s": train_s}
-        return ckpt.save(step, strategy.state_to_reference(state), progress)
+def resume(run: Run, loop: LoopState) -> None:
+    """Continue from the latest readable checkpoint: state, step, running sums, history."""
+    ref, saved = run.ckpt.restore(run.strategy.state_to_reference(loop.state))
+    loop.state = run.strategy.state_from_reference(ref)
+    loop.step = loop.resumed_from = saved["step"]
+    loop.running, loop.history = saved["running"], saved["history"]
+    loop.train_s = saved.get("train_s", 0.0)  # time to target counts the steps before the stop
+    if run.console is not None:
+        run.console.print(f"resumed from step {loop.step} ({run.ckpt.directory / str(loop.step)})")
 
-    with _progress(config.progress and console is not None) as bar, (ckpt or contextlib.nullcontext()):
-        task = bar.add_task("train", total=total_steps, completed=step, epoch=1, loss=float("nan"),
-                            acc=0.0, ips=0.0)
-        for epoch in range(step // per_epoch, epochs):
-            if reached is not None:
-                break
-            start = step - epoch * per_epoch  # > 0 only in the epoch a resumed run stopped in
-            for batch in datalib.train_batches(splits.train, batch_size, config.seed, epoch, start):
-                if step >= total_steps:
-                    break
-                t0 = time.perf_counter()
-                state, sums = strategy.step(state, strategy.place_batch(batch))
-                step += 1
-                evaluating = bool(config.eval_every) and step % config.eval_every == 0
-                # Wait for the step before a validation, so train_s counts every step before it.
-                if step % sync_every == 0 or step == total_steps or evaluating:
-                    sums = jax.device_get(sums)
-                    for k in running:
-                        running[k] += float(sums[k])
-                    dt = time.perf_counter() - t0
-                    step_times.append(dt / (sync_every if sync_every > 1 else 1))
-                    train_s += dt
-                    last = summarize(running)
-                    ips = batch_size / statistics.median(step_times[-50:])
-                    bar.update(task, completed=step, epoch=epoch + 1, loss=last["loss"],
-                               acc=last["accuracy"], ips=ips)
-                if evaluating:
-                    validate(epoch)
-                if ckpt is not None and ckpt.signum is not None:  # SIGTERM / Ctrl-C
-                    folder = save()
-                    ckpt.close()
-                    raise ckpt.interrupted(folder)
-                if ckpt is not None and ckpt.due(step) and step % per_epoch:  # epoch ends: below
-                    save()
-                if step >= total_steps or reached is not None:
-                    break
-            if not config.eval_every and step > epoch * per_epoch + start and reached is None:
-                validate(epoch)
-            if step % per_epoch == 0:
-                running = {k: 0.0 for k in running}
-                if ckpt is not None and ckpt.due(step) and step < total_steps:
-                    save()
-            if step >= total_steps or reached is not None:
-                break
-    if ckpt is not None:
-        if ckpt.last_saved != step:
-            save()
-        ckpt.close()  # waits for the asynchronous writes
 
-    test = evaluate(strategy, state, splits.test, eval_bs)
-    median_s = statistics.median(step_times) if step_times else float("nan")
+def compile_programs(run: Run, state) -> dict[str, Any]:
+    """AOT-compile the step and evaluation programs; the metrics that come from them
+    (compile seconds, FLOPs per step, communication and memory)."""
+    strategy, splits = run.strategy, run.splits
+    batch_size, seed = run.config.data.batch_size, run.config.seed
+    first = strategy.place_batch(next(datalib.train_batches(splits.train, batch_size, seed, 0)))
+    step = strategy.compile("step", state, first)
+    accounting = strategy.accounting(step, state)
+    example = strategy.place_batch(next(datalib.eval_batches(splits.test, run.eval_bs)))
+    evals = strategy.compile("eval_step", state, example)
+    return {"compile_s": step.seconds, "eval_compile_s": evals.seconds,
+            "flops_per_step": step.flops, **accounting}
+
+
+def train_epoch(run: Run, loop: LoopState, epoch: int, start: int, show: Callable[..., Any]) -> None:
+    """Train on `epoch`'s batches from batch `start` until the epoch ends or the run stops,
+    validating every --eval-every steps and checkpointing when due or signalled."""
+    config, strategy = run.config, run.strategy
+    for batch in datalib.train_batches(run.splits.train, config.data.batch_size, config.seed,
+                                       epoch, start):
+        if loop.step >= run.total_steps:
+            break
+        t0 = time.perf_counter()
+        loop.state, sums = strategy.step(loop.state, strategy.place_batch(batch))
+        loop.step += 1
+        evaluating = bool(config.eval_every) and loop.step % config.eval_every == 0
+        # Wait for the step before a validation, so train_s counts every step before it.
+        if loop.step % run.sync_every == 0 or loop.step == run.total_steps or evaluating:
+            log_step(run, loop, sums, t0, epoch, show)
+        if evaluating:
+            validate(run, loop, epoch)
+        if run.ckpt is not None and run.ckpt.signum is not None:  # SIGTERM / Ctrl-C
+            folder = save(run, loop)
+            run.ckpt.close()
+            raise run.ckpt.interrupted(folder)
+        if run.ckpt is not None and run.ckpt.due(loop.step) and loop.step % run.per_epoch:
+            save(run, loop)  # (at an epoch's end, end_epoch saves after the running sums reset)
+        if loop.done(run):
+            break
+
+
+def log_step(run: Run, loop: LoopState, sums: dict, t0: float, epoch: int,
+             show: Callable[..., Any]) -> None:
+    """Log one step's metrics: wait for the step that started at `t0`, add its metric sums to
+    the running totals, count its time and show them."""
+    totals = run.strategy.host_sums(sums)
+    for k in loop.running:
+        loop.running[k] += totals[k]
+    dt = time.perf_counter() - t0
+    loop.step_times.append(dt / run.sync_every)
+    loop.train_s += dt
+    loop.last = summarize(loop.running)
+    ips = run.config.data.batch_size / statistics.median(loop.step_times[-50:])
+    show(completed=loop.step, epoch=epoch + 1, loss=loop.last["loss"], acc=loop.last["accuracy"],
+         ips=ips)
+
+
+def validate(run: Run, loop: LoopState, epoch: int) -> None:
+    """Record one validation: evaluate the validation split, append the record to the history
+    and check it against --target-accuracy."""
+    if run.splits.val is None:
+        return
+    val = evaluate(run.strategy, loop.state, run.splits.val, run.eval_bs)
+    last, console = loop.last, run.console
+    record = {"step": loop.step, "epoch": epoch, "train_loss": last["loss"],
+              "train_accuracy": last["accuracy"], "val_loss": val["loss"],
+              "val_accuracy": val["accuracy"], "train_s": loop.train_s}
+    loop.history.append(record)
+    if console is not None:
+        console.print(f"epoch {epoch + 1:>3}  step {loop.step:>6}  train loss {last['loss']:.4f}  "
+                      f"val loss {val['loss']:.4f}  val acc {val['accuracy']:.4f}")
+    loop.reached = first_reaching([record], run.config.target_accuracy)
+    if loop.reached is not None and console is not None:
+        console.print(f"target validation accuracy {run.config.target_accuracy} reached at step "
+                      f"{loop.step} ({loop.train_s:.1f} s of training)")
+
+
+def end_epoch(run: Run, loop: LoopState, epoch: int, start: int) -> None:
+    """After an epoch's batches: validate (once per epoch, unless --eval-every), and at an
+    epoch boundary reset the running sums and checkpoint when due."""
+    if not run.config.eval_every and loop.step > epoch * run.per_epoch + start and loop.reached is None:
+        validate(run, loop, epoch)
+    if loop.step % run.per_epoch == 0:
+        loop.running = dict.fromkeys(loop.running, 0.0)
+        if run.ckpt is not None and run.ckpt.due(loop.step) and loop.step < run.total_steps:
+            save(run, loop)
+
+
+def save(run: Run, loop: LoopState):
+    """Checkpoint the state and the loop's progress; returns the step's folder."""
+    # The data order is a function of (seed, epoch): the step fixes the position in it.
+    progress = {"epoch": loop.step // run.per_epoch, "position": loop.step % run.per_epoch,
+                "running": loop.running, "history": loop.history, "train_s": loop.train_s}
+    return run.ckpt.save(loop.step, run.strategy.state_to_reference(loop.state), progress)
+
+
+def make_result(run: Run, loop: LoopState, compiled: dict[str, Any], wall_start: float) -> RunResult:
+    """Test the final state; the run's metrics, set-up and validation history."""
+    config, history, batch_size = run.config, loop.history, run.config.data.batch_size
+    test = evaluate(run.strategy, loop.state, run.splits.test, run.eval_bs)
+    median_s = statistics.median(loop.step_times) if loop.step_times else float("nan")
     metrics = {
         "test_accuracy": test["accuracy"],
         "test_loss": test["loss"],
         "val_accuracy": history[-1]["val_accuracy"] if history else None,
         "val_loss": history[-1]["val_loss"] if history else None,
-        "final_loss": last["loss"],
-        "resumed_from_step": resumed_from,
-        "steps": step,
-        "epochs": step / per_epoch,
-        "compile_s": compile_s,
-        "eval_compile_s": eval_compile_s,
+        "final_loss": loop.last["loss"],
+        "resumed_from_step": loop.resumed_from,
+        "steps": loop.step,
+        "epochs": loop.step / run.per_epoch,
         "step_time_ms_median": 1000 * median_s,
         "images_per_sec": batch_size / median_s,
-        "train_s": train_s,
+        "train_s": loop.train_s,
         "wall_s": time.perf_counter() - wall_start,
-        "flops_per_step": measure.step_flops(stats["flops"], accounting, mesh.devices.size),
-        **accounting,
+        **compiled,  # compile_s, eval_compile_s, flops_per_step, communication and memory
     }
     if config.target_accuracy is not None:
-        metrics.update(target_metrics(reached, batch_size))
-    if console is not None:
-        console.print(f"test accuracy {test['accuracy']:.4f}  test loss {test['loss']:.4f}  "
-                      f"({step} steps, {metrics['wall_s']:.0f} s)")
-    result = RunResult(kind="train", config=to_dict(config), env=environment(), metrics=metrics,
-                       strategy=strategy.describe(), history=history)
-    return Outcome(result, strategy, state)
+        metrics.update(target_metrics(loop.reached, batch_size))
+    if run.console is not None:
+        run.console.print(f"test accuracy {test['accuracy']:.4f}  test loss {test['loss']:.4f}  "
+                          f"({loop.step} steps, {metrics['wall_s']:.0f} s)")
+    return RunResult(kind="train", config=to_dict(config), env=environment(), metrics=metrics,
+                     strategy=run.strategy.describe(), history=history)

@@ -24,7 +24,7 @@ from jaxpar.data import DATASETS
 from jaxpar.distributed import MODES
 from jaxpar.errors import ConfigError, MeshError
 from jaxpar import measure
-from jaxpar.models import ACTIVATIONS, MODELS, OPTIONS, make_model, takes
+from jaxpar.models import ACTIVATIONS, MODELS, OPTIONS, abstract_model, takes
 from jaxpar.optim import OPTIMIZERS, SCHEDULES
 from jaxpar.parallel import STRATEGIES
 from jaxpar.parallel.schedules import SCHEDULES as PIPELINE_SCHEDULES
@@ -119,9 +119,7 @@ def memory_problems(config: TrainConfig) -> list[str]:
     """A model whose parameters alone (shapes traced, nothing allocated) outgrow the memory of
     one device: refused here rather than failing deep inside XLA's allocator."""
     m = config.model
-    abstract = nnx.eval_shape(lambda: make_model(m.model, seed=0, depth=m.depth, width=m.width,
-                                                 activation=m.activation, batch_norm=m.batch_norm))
-    need = measure.tree_bytes(nnx.state(abstract, nnx.Param))
+    need = measure.tree_bytes(nnx.state(abstract_model(m), nnx.Param))
     have = device_memory_bytes()
     if need > have:
         given = "".join(f" {flag(o)} {getattr(m, o)}" for o in ("width", "depth") if getattr(m, o))

@@ -1,4 +1,4 @@
-"""The equivalence protocol of DESIGN.md, shared by every strategy's tests.
+"""The equivalence protocol (docs/design.md) and the helpers every strategy's tests share.
 
 A strategy and `single` start from the same seed and see the same global batches; they are
 compared in the reference layout (`to_reference`):
@@ -14,6 +14,7 @@ compared in the reference layout (`to_reference`):
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -25,6 +26,7 @@ from jaxpar.optim import make_optimizer
 from jaxpar.train import build_model, make_strategy
 
 TOL = 1e-5  # per-leaf norm-relative, f32
+ADAM_TOL = 1e-4  # Adam divides by sqrt(v): rounding in tiny gradients is amplified
 FLOOR = 1e-3  # leaves below this share of the tree's norm are compared against it
 
 
@@ -65,9 +67,30 @@ def run(cfg: TrainConfig, steps: int = 5, devices: int | None = None,
     losses = []
     for batch in global_batches[:steps]:
         state, sums = strategy.step(state, strategy.place_batch(batch))
-        sums = jax.device_get(sums)  # one collective step in flight (CPU rendezvous hazard)
-        losses.append(float(sums["loss_sum"]) / float(sums["count"]))
+        sums = strategy.host_sums(sums)  # waits: one collective step in flight (CPU rendezvous)
+        losses.append(sums["loss_sum"] / sums["count"])
     return Trace(grads, strategy.to_reference(state), losses, strategy, state)
+
+
+@functools.lru_cache(maxsize=None)
+def reference(optimizer: str = "sgd", batch_size: int = 64, steps: int = 5, lr: float = 0.1) -> Trace:
+    """`single` on `config(...)`'s MLP: what the data-parallel strategies are compared with."""
+    return run(config(optimizer=optimizer, batch_size=batch_size, lr=lr), steps=steps)
+
+
+def accounting(strategy: str, devices: int = 8, batch_size: int = 64, **options) -> dict:
+    """`strategy.accounting` of `strategy`'s compiled step on `config(...)`'s MLP."""
+    t = run(config(strategy=strategy, batch_size=batch_size, **options), steps=1, devices=devices)
+    batch = t.strategy.place_batch(batches(batch_size, 1)[0])
+    return t.strategy.accounting(t.strategy.compile("step", t.state, batch), t.state)
+
+
+def assert_explicit_collectives_equal_theory(acc: dict) -> None:
+    """Bytes written with explicit collectives equal the strategy's theory, op by op."""
+    theory = acc["collective_bytes_theory"]
+    assert acc["collective_bytes_per_step"] == theory["total"]
+    for op, nbytes in acc["collective_bytes_by_op"].items():
+        assert nbytes == theory.get(op), (op, acc["collective_bytes_by_op"], theory)
 
 
 def relative_errors(ref, got) -> dict[str, tuple[float, float, float]]:

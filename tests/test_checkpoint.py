@@ -1,5 +1,7 @@
-"""Checkpoints lose nothing: kill -9 and resume is bitwise the uninterrupted run, a checkpoint
-moves between meshes and strategies, damaged steps are skipped, bad --resume input is refused.
+"""Checkpoints (`jaxpar/checkpoint.py`) lose nothing, move between meshes, refuse bad input.
+
+Kill -9 and resume is bitwise the uninterrupted run, a checkpoint moves between meshes and
+strategies, damaged steps are skipped, bad --resume input is refused.
 
     python -m pytest -q tests/test_checkpoint.py
 """
@@ -110,8 +112,8 @@ def test_checkpoint_from_8_devices_restores_on_2_and_on_single(tmp_path, strateg
     from jaxpar.optim import make_optimizer
     from jaxpar.train import build_model, make_strategy
 
-    blocks = ("pipeline", "layer-split", "hybrid", "tensor", "tensor-auto")
-    model = dict(model="stack-mlp", depth=8) if strategy in blocks else {}
+    # strategies that take only some models (split blocks) take the stack-mlp
+    model = dict(model="stack-mlp", depth=8) if STRATEGIES[strategy].models else {}
     if strategy == "hybrid":
         model["microbatches"] = 2  # 40 rows over data=4 shards
     cfg = tiny(tmp_path, strategy=strategy, **model)

@@ -5,7 +5,7 @@ import pytest
 
 from jaxpar import data
 from jaxpar.config import DataConfig
-from jaxpar.idx import DataError
+from jaxpar.errors import DataError
 
 
 def synthetic_cfg(**kw):

@@ -1,21 +1,25 @@
-"""`hybrid` (data x tensor x stage on one mesh) equals `single`; its blocks are split 1/(S T)
-per device; bad shapes name the option."""
+"""`hybrid` (data x tensor x stage on one mesh) equals `single`; its blocks split 1/(S T).
+
+For the stack-mlp and the ViT (the Megatron split `tensor` uses); bad shapes name the option.
+
+    python -m pytest -q tests/test_hybrid.py
+"""
 
 import functools
 
-import jax
 import pytest
 
 import equivalence as eq
 from conftest import requires_devices
-from jaxpar.config import ConfigError
+from jaxpar.errors import ConfigError
 
 BASE = dict(model="stack-mlp", width=32, depth=4, batch_size=32, lr=0.01)
+VIT = dict(model="vit", width=32, depth=2, batch_size=16, lr=0.01)  # 4 heads: 2 per device
 
 
 @functools.lru_cache(maxsize=None)
-def reference():
-    return eq.run(eq.config(**BASE), steps=5)
+def reference(model="stack-mlp"):
+    return eq.run(eq.config(**(BASE if model == "stack-mlp" else VIT)), steps=5)
 
 
 @requires_devices(8)
@@ -29,6 +33,12 @@ def test_hybrid_equals_single(mesh, micro, schedule, devices):
     eq.assert_equivalent(reference(), eq.run(cfg, steps=5, devices=devices))
 
 
+@requires_devices(4)
+def test_hybrid_vit_equals_single():
+    cfg = eq.config(strategy="hybrid", mesh="tensor=2,stage=2", microbatches=2, **VIT)
+    eq.assert_equivalent(reference("vit"), eq.run(cfg, steps=5, devices=4))
+
+
 @requires_devices(8)
 def test_block_kernels_are_split_over_stage_and_tensor():
     cfg = eq.config(strategy="hybrid", mesh="data=2,tensor=2,stage=2", microbatches=2, **BASE)
@@ -39,7 +49,7 @@ def test_block_kernels_are_split_over_stage_and_tensor():
 
 
 @pytest.mark.parametrize("options,needle", [
-    (dict(model="vit", width=32, depth=2), "--model stack-mlp"),
+    (dict(model="mlp", width=32, depth=2), "--model stack-mlp or vit"),
     (dict(width=33), "--width"),
     (dict(microbatches=3), "--batch-size"),
 ])

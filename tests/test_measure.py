@@ -1,4 +1,7 @@
-"""Collective accounting from compiled HLO, loop trip counts included."""
+"""Measurements of compiled programs (`jaxpar/measure.py`): bytes, FLOPs and memory.
+
+Collective bytes from HLO with loop trip counts and conditional branches; FLOPs and memory
+added up over a strategy's programs."""
 
 import jax
 import jax.numpy as jnp
@@ -64,8 +67,28 @@ def test_state_bytes_per_device_is_the_fullest_devices():
     assert measure.state_bytes_per_device(state.replace(params=(replicated, sharded))) == 128 + 32
 
 
-def test_step_flops_count_every_device_or_every_stage_program():
-    # an SPMD program's cost analysis is one device's share: the step runs it on all of them
-    assert measure.step_flops(10.0, {}, 4) == 40.0
-    # layer-split: one program per stage, each on one device, summed by its accounting
-    assert measure.step_flops(10.0, {"flops_all_stage_programs": 25.0}, 4) == 25.0
+def test_programs_count_every_device_or_every_stage_program():
+    spmd = measure.Program("spmd", _program(4, trips=5), devices=4)
+    stage = measure.Program("stage", jax.jit(lambda x: x @ x).lower(jnp.ones((8, 8))).compile())
+    programs = measure.Programs("step", 0.5, (spmd, stage))
+    # an SPMD program's cost analysis is one device's share: the step runs it on all of them;
+    # a stage program runs on its one device (layer-split)
+    assert programs.flops == 4 * spmd.stats["flops"] + stage.stats["flops"] > 0
+    assert programs.collective_bytes == {"all-reduce": 5 * 24 + 28, "total": 5 * 24 + 28}
+    for field in ("argument_bytes", "temp_bytes"):
+        assert programs.memory[field] == max(spmd.stats["memory"][field], stage.stats["memory"][field])
+    assert programs.has_loops and programs.part("stage") is stage
+
+
+def test_collectives_in_a_conditional_branch_count_once_every_k_runs():
+    mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
+
+    def f(step, x):  # the average of local-sgd: taken when step % 3 == 0
+        x = jax.lax.cond(step % 3 == 0, lambda p: jax.lax.pcast(jax.lax.pmean(p, "d"), "d", to="varying"),
+                         lambda p: p, x)
+        return x + jax.lax.psum(x.sum(), "d")  # and one scalar every run
+
+    g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P(), P("d")), out_specs=P("d")))
+    text = g.lower(jnp.zeros((), jnp.int32), jnp.ones((8, 3))).compile().as_text()
+    assert measure.collective_bytes(text) == {"all-reduce": 24 + 4, "total": 28}
+    assert measure.collective_bytes(text, branch_every=3) == {"all-reduce": 24 // 3 + 4, "total": 12}

@@ -36,3 +36,7 @@ def test_axes_that_do_not_multiply_to_device_count():
         mesh.make_mesh({DATA: 3}, jax.devices()[:8])
     with pytest.raises(MeshError, match="--mesh"):
         mesh.make_mesh({DATA: -1, TENSOR: 3}, jax.devices()[:8])
+
+
+def test_axis_names_are_constants():
+    assert mesh.DATA == "data"

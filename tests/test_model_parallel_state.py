@@ -1,8 +1,9 @@
-"""Model-parallel strategies move the *whole* state correctly: after a few momentum steps the
-optimizer state (momentum's trace, parameter-shaped) in the reference layout equals
-`single`'s, and an evaluation batch gives `single`'s metric sums. (The equivalence tests
-compare parameters and gradients; these catch a layout that scrambles optimizer state or
-an eval path that differs from the training one.)"""
+"""Model-parallel strategies move the *whole* state: optimizer state and evaluation too.
+
+After a few momentum steps the optimizer state (momentum's trace, parameter-shaped) in the
+reference layout equals `single`'s, and an evaluation batch gives `single`'s metric sums.
+(The equivalence tests compare parameters and gradients; these catch a layout that
+scrambles optimizer state or an eval path that differs from the training one.)"""
 
 import functools
 

@@ -1,5 +1,7 @@
-"""Launch-level MPI checks run by plain pytest: a failing rank ends a 2-rank job quickly with
-a message naming it, and a missing mpi4jax says how to install the `mpi` extra.
+"""Launch-level MPI checks (`jaxpar/distributed.py`) that run under plain pytest.
+
+A failing rank ends a 2-rank job quickly with a message naming it, and a missing mpi4jax
+says how to install the `mpi` extra.
 
     python -m pytest -q tests/test_mpi_launch.py
 """
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxpar.train import ConfigError
+from jaxpar.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 MPIEXEC = Path(sys.executable).parent / "mpiexec"

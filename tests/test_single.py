@@ -1,5 +1,6 @@
-"""The reference itself: `single` agrees with a hand-written loop over the shared step, and
-the equivalence check is strict enough to catch a gradient N times too large."""
+"""`single`, the reference itself, agrees with a hand-written loop over the shared step.
+
+And the equivalence check is strict enough to catch a gradient N times too large."""
 
 import jax
 import numpy as np

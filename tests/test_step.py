@@ -1,5 +1,6 @@
-"""The shared loss: padding with weight 0 changes nothing; the denominator is what a shard
-passes to own its share of the global mean."""
+"""The shared loss (`jaxpar/step.py`): weight-0 padding changes nothing; shards own their share.
+
+The denominator is what a shard passes to own its share of the global mean."""
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,7 @@ def _setup():
 def test_zero_weight_padding_equals_unpadded_batch():
     graphdef, params, model_state, batch = _setup()
     padded = data.pad_batch(batch, 16)
-    g1, (_, s1) = step.grad_fn(params, graphdef, model_state, batch)
+    g1, _ = step.grad_fn(params, graphdef, model_state, batch)
     g2, (_, s2) = step.grad_fn(params, graphdef, model_state, padded)
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

@@ -1,5 +1,7 @@
-"""--target-accuracy: the run stops at the first validation that reaches it, says so when the
-budget runs out first, refuses values that cannot work, and keeps its time across --resume.
+"""--target-accuracy in the training loop (`jaxpar/train.py`): stop at the first validation.
+
+The run stops at the first validation that reaches it, says so when the budget runs out
+first, refuses values that cannot work, and keeps its time across --resume.
 
     python -m pytest -q tests/test_target_accuracy.py
 """

@@ -1,7 +1,5 @@
 """End to end on synthetic data: the loop trains, records, reproduces, and never retraces."""
 
-import dataclasses
-
 import jax
 import numpy as np
 

@@ -59,10 +59,17 @@ def make_model(name: str, *, seed: int, depth: int | None = None, width: int | N
     return MODELS[name](**given, num_classes=num_classes, rngs=nnx.Rngs(seed))
 
 
+def abstract_model(cfg) -> nnx.Module:
+    """The model a ModelConfig `cfg` describes, with shapes only (`nnx.eval_shape`: nothing is
+    allocated), for checks before any work."""
+    return nnx.eval_shape(lambda: make_model(cfg.model, seed=0, depth=cfg.depth, width=cfg.width,
+                                             activation=cfg.activation, batch_norm=cfg.batch_norm))
+
+
 def param_count(model: nnx.Module) -> int:
     """Number of trainable parameters (nnx.Param leaves; BN running stats excluded)."""
     return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
 __all__ = ["ACTIVATIONS", "MODELS", "OPTIONS", "CNN", "MLP", "ResNet", "StackMLP", "ViT",
-           "make_model", "option_value", "param_count", "takes"]
+           "abstract_model", "make_model", "option_value", "param_count", "takes"]

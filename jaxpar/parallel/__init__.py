@@ -1,6 +1,8 @@
-"""Strategies: how one training step is placed on devices. One module each, one interface
-(`base.Strategy`, whose class attributes say what each supports), one plain registry; the
-CLI's `--strategy` choices, the studies and the docs tables come from it.
+"""The registry of strategies, the ways one training step is placed on devices.
+
+One module each, one interface (`base.Strategy`, whose class attributes say what each
+supports), one plain registry; the CLI's `--strategy` choices, the studies and the docs
+tables come from it.
 
 A new strategy is one new module with a `Strategy` subclass plus one line below."""
 

@@ -1,9 +1,11 @@
-"""The strategy interface (DESIGN.md): how one training step is placed on a device mesh.
+"""The strategy interface: how one training step is placed on a device mesh (docs/design.md).
 
     strategy = STRATEGIES[name](config)
     mesh = strategy.make_mesh(jax.devices())
     state = strategy.init(model, tx, mesh)          # placed: replicated, sharded or staged
+    programs = strategy.compile("step", state, batch)  # optional: seconds, FLOPs, bytes
     state, sums = strategy.step(state, strategy.place_batch(batch))
+    totals = strategy.host_sums(sums)               # waits; {'loss_sum': ..., ...} floats
     params = strategy.to_reference(state)           # single-device layout
 
 A strategy owns placement and how gradients are combined; the loss, the optimizer update and
@@ -73,6 +75,8 @@ class Strategy:
         """What cannot work in `config` on a mesh of `axes` (resolved sizes), one sentence
         each naming the flag to change; [] when it can run. Checked before any work."""
         return []
+    # Later calls run the executables `compile` made (False: keep calling through `jit`).
+    runs_executables: bool = True
 
     @classmethod
     def check_model(cls, model: str) -> None:
@@ -147,9 +151,33 @@ class Strategy:
         """Global metric sums of one evaluation batch."""
         return self._call("eval_step", state, batch)
 
+    def host_sums(self, sums: dict) -> dict[str, float]:
+        """`step`'s or `eval_step`'s metric sums as host floats (waits for them). Every process
+        calls it at the same points (under jax.distributed it may gather)."""
+        return {k: float(v) for k, v in fetch(sums).items()}
+
     def gradients(self, state: TrainState, batch: dict) -> Params:
         """Gradients of the global-batch loss, in the reference layout (for equivalence tests)."""
         return self._call("gradients", state, batch)
+
+    def compile(self, name: str, state: TrainState, batch: dict) -> measure.Programs:
+        """AOT-compile every program that `name` ('step', 'eval_step') runs, for these
+        arguments; later calls run the executables (unless `runs_executables` is False).
+
+        Returns:
+          a `measure.Programs`: the seconds spent lowering and compiling, and each program
+          with how it counts toward one call (FLOPs, memory, collective bytes).
+        """
+        start = time.perf_counter()
+        executable = getattr(self, f"_jit_{name}").lower(state, batch).compile()
+        seconds = time.perf_counter() - start
+        if self.runs_executables:
+            self.compiled[name] = executable
+        return measure.Programs(name, seconds, (self._program(name, executable),))
+
+    def _program(self, name: str, executable) -> measure.Program:
+        """How program `name` counts toward a call: one SPMD share on every mesh device."""
+        return measure.Program(name, executable, devices=self.mesh.devices.size)
 
     def to_reference(self, state: TrainState) -> Params:
         """Parameters as the single-device run holds them (unsharded, unstacked) on host."""
@@ -175,14 +203,15 @@ class Strategy:
         """Expected collective operand bytes per step by op (and 'total'); {} = none expected."""
         return {}
 
-    def accounting(self, step_stats: dict, state: TrainState) -> dict:
-        """Communication and memory metrics for results JSON, from the compiled step."""
+    def accounting(self, programs: measure.Programs, state: TrainState) -> dict:
+        """Communication and memory metrics for results JSON, from `compile("step", ...)`."""
+        collective = programs.collective_bytes
         return {
-            "collective_bytes_per_step": step_stats["collective_bytes"].get("total", 0),
-            "collective_bytes_by_op": step_stats["collective_bytes"],
+            "collective_bytes_per_step": collective["total"],
+            "collective_bytes_by_op": collective,
             "collective_bytes_theory": self.theory(),
             "state_bytes_per_device": measure.state_bytes_per_device(state),
-            "memory_per_device": step_stats["memory"],
+            "memory_per_device": programs.memory,
         }
 
     # --- helpers for subclasses ------------------------------------------------------------
@@ -200,14 +229,3 @@ class Strategy:
     def _call(self, name: str, *args):
         program = self.compiled.get(name) or getattr(self, f"_jit_{name}")
         return program(*args)
-
-    def compile(self, name: str, *args) -> tuple[Any, float]:
-        """AOT-compile program `name` for these arguments; later calls use the executable.
-
-        Returns (compiled executable, seconds spent lowering and compiling).
-        """
-        start = time.perf_counter()
-        compiled = getattr(self, f"_jit_{name}").lower(*args).compile()
-        seconds = time.perf_counter() - start
-        self.compiled[name] = compiled
-        return compiled, seconds

@@ -1,5 +1,7 @@
-"""What every data-parallel strategy shares: the data mesh, batch placement with padding,
-the global loss denominator and gradient accumulation.
+"""What every data-parallel strategy shares: mesh, padded batches, denominator, accumulation.
+
+The data mesh, batch placement with padding, the global loss denominator and gradient
+accumulation.
 
 Uneven global batches (100 examples on 8 devices) are padded to a multiple of the device
 count with weight-0 rows. Every shard divides its weighted loss by the *global* weight

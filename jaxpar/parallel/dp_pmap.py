@@ -1,5 +1,6 @@
-"""`dp-pmap`: data parallelism with `jax.pmap` and `lax.psum` of gradients — the legacy API
-that much of the literature used (pmap is in maintenance mode but works).
+"""`dp-pmap`: data parallelism with `jax.pmap` and `lax.psum` of gradients (the legacy API).
+
+The API much of the literature used (pmap is in maintenance mode but works).
 
 State is replicated with a leading device axis; the global batch is reshaped to
 [devices, rows per device, ...]. Under pmap, the gradient with respect to the per-device

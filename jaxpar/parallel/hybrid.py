@@ -1,10 +1,9 @@
 """`hybrid`: data x tensor x stage on one mesh, e.g. `--mesh data=2,tensor=2,stage=2`.
 
-The `pipeline` strategy (GPipe or 1F1B over STAGE) with each stage's residual blocks split
-Megatron-style over TENSOR (`up` by output column, `down` by input row, one psum per block
-forward; the backward's psum is the transpose of the block input's implicit cast to
-varying), and the batch sharded over DATA (global loss denominator; gradients of weights
-that are replicated over DATA summed explicitly). Supports stack-mlp.
+The `pipeline` strategy (GPipe or 1F1B over STAGE) with each stage's blocks split
+Megatron-style over TENSOR by `jaxpar.parallel.megatron` (the split `tensor` uses), and the
+batch sharded over DATA (global loss denominator; gradients of weights that are replicated
+over DATA summed explicitly).
 
     python -m experiments train --strategy hybrid --mesh data=2,tensor=2,stage=2 --devices 8 \\
         --model stack-mlp --dataset synthetic --steps 20 --microbatches 2
@@ -12,19 +11,13 @@ that are replicated over DATA summed explicitly). Supports stack-mlp.
 
 from __future__ import annotations
 
-import jax
-from jax import lax
+from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from jaxpar import mesh as meshlib
-from jaxpar.errors import ConfigError
 from jaxpar.mesh import DATA, STAGE, TENSOR
-from jaxpar.models.mlp import ACTIVATIONS
-from jaxpar.parallel.base import model_option
+from jaxpar.parallel import megatron
 from jaxpar.parallel.pipeline import Pipeline
-
-_SPLIT = {("up", "kernel"): P(STAGE, None, TENSOR), ("up", "bias"): P(STAGE, TENSOR),
-          ("down", "kernel"): P(STAGE, TENSOR, None)}
 
 
 class Hybrid(Pipeline):
@@ -32,17 +25,13 @@ class Hybrid(Pipeline):
     family = "hybrid"
     summary = ("data x tensor x stage on one mesh: pipeline stages, Megatron-split blocks, "
                "data-sharded batch")
-    models = ("stack-mlp",)  # its Megatron split knows the stack-mlp block
+    models = ("stack-mlp", "vit")  # identical blocks that stack into stages and split column -> row
     data_axis = DATA
     axes = (DATA, TENSOR, STAGE)
 
     @classmethod
     def check(cls, config, axes):
-        degree, width = axes.get(TENSOR, 1), model_option(config, "width")
-        split = [] if width % degree == 0 else [
-            f"--width {width} is not divisible by the tensor degree {degree}; change --width or "
-            "tensor= in --mesh."]
-        return super().check(config, axes) + split
+        return super().check(config, axes) + megatron.split_problems(config, axes.get(TENSOR, 1), cls.name)
 
     @classmethod
     def default_mesh(cls, devices):
@@ -57,21 +46,16 @@ class Hybrid(Pipeline):
         return {a: axes.get(a, 1) for a in meshlib.AXES}  # all three present: specs name them
 
     def init(self, model, tx, mesh):
-        T = mesh.shape[TENSOR]
-        width = model.blocks[0].up.in_features
-        if width % T:
-            raise ConfigError(f"--width {width} is not divisible by the tensor degree {T}; change "
-                              "--width or tensor= in --mesh")
-        self.activation = ACTIVATIONS[model.blocks[0].activation]
+        megatron.check_divisible(model, mesh.shape[TENSOR], self.name)
         return super().init(model, tx, mesh)
 
     def _block_spec(self, path, leaf) -> P:
-        keys = tuple(getattr(k, "key", k) for k in path)
-        return _SPLIT.get(keys[-2:], P(STAGE))
+        # Blocks are stacked [L, ...] over STAGE; each one's layers split as in `tensor`.
+        layer, kind = (getattr(k, "key", k) for k in path[-2:])
+        return megatron.leaf_spec(layer, kind, lead=(STAGE,))
 
-    def _block(self, p, h):
-        partial = self.activation(h @ p["up"]["kernel"] + p["up"]["bias"]) @ p["down"]["kernel"]
-        return h + lax.psum(partial, TENSOR) + p["down"]["bias"]  # bias once, after the sum
+    def _block(self, block_params, h):
+        return megatron.block(nnx.merge(self.block_graphdef, block_params, self.block_rest), h)
 
     def theory(self) -> dict[str, int]:
         return {}  # measured only: the pipeline's formula does not cover the tensor split

@@ -1,7 +1,8 @@
-"""`layer-split`: the naive model parallelism of the early papers. Consecutive blocks live on
-consecutive devices (stage s holds blocks [s*L/S, (s+1)*L/S); the stem on stage 0, the head
-and the loss on the last), and one whole batch goes through them in turn, so one device works
-at a time: the baseline a pipeline beats.
+"""`layer-split`: naive model parallelism, consecutive blocks on consecutive devices.
+
+The model parallelism of the early papers: stage s holds blocks [s*L/S, (s+1)*L/S) (the stem
+on stage 0, the head and the loss on the last), and one whole batch goes through them in
+turn, so one device works at a time: the baseline a pipeline beats.
 
 Each stage has its own jitted programs on its own device: a forward that returns its output
 and its `jax.vjp` (a pytree of the residuals, which stays on the stage's device), a backward
@@ -90,7 +91,6 @@ class LayerSplit(Strategy):
         self.ranges = [range(s * per, (s + 1) * per) for s in range(S)]
         self.graphdef, params, self.model_state = steplib.split_model(model)
         self.shapes = layout.abstract(params)
-        self.stage_keys = [self._stage_params(params, s) for s in range(S)]
         self._build_programs()
         return self.state_from_reference(steplib.init_state(params, self.model_state, tx))
 
@@ -215,22 +215,21 @@ class LayerSplit(Strategy):
                                        {k: batch[k] for k in ("label", "weight")})
 
     def compile(self, name, state, batch):
-        """AOT-compile every stage program `name` needs ('step' or 'eval_step').
-
-        Returns (the first stage's compiled program, total seconds over all stage programs).
-        """
+        """AOT-compile every stage program `name` ('step' or 'eval_step') runs, each on its
+        stage's device; returns them all (`measure.Programs`), one device each."""
         start = time.perf_counter()
         on = lambda tree, s: jax.tree.map(  # noqa: E731
             lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
                                            sharding=SingleDeviceSharding(self.devices[s])), tree)
         S, x = self.stages, batch["image"]
         labels = {k: batch[k] for k in ("label", "weight")}
-        names = []
+        parts = []
 
         def build(prog, *args):
-            self.compiled[f"{name}:{prog}"] = getattr(self, f"_jit_{prog}").lower(*args).compile()
-            names.append(f"{name}:{prog}")
-            return self.compiled[f"{name}:{prog}"].out_info  # output shapes, for the next
+            executable = getattr(self, f"_jit_{prog}").lower(*args).compile()
+            self.compiled[f"{name}:{prog}"] = executable
+            parts.append(measure.Program(prog, executable, devices=1))
+            return executable.out_info  # output shapes, for the next program's arguments
 
         vjps = []
         for s in range(S - 1):
@@ -249,14 +248,7 @@ class LayerSplit(Strategy):
                 build(f"update{s}", state.params[s], state.opt_state[s], on(state.params[s], s))
         else:
             build("last_eval", state.params[-1], x, labels)
-        seconds = time.perf_counter() - start
-        if name == "step":  # bench/train read stats off one program: keep every program's
-            stats = {n.split(":", 1)[1]: measure.program_stats(self.compiled[n]) for n in names}
-            self.step_flops = sum(st["flops"] for st in stats.values())
-            self.step_memory = {prog: st["memory"] for prog, st in stats.items()}
-        first = self.compiled[names[0]]
-        self.compiled[name] = first
-        return first, seconds
+        return measure.Programs(name, time.perf_counter() - start, tuple(parts))
 
     # --- accounting ------------------------------------------------------------------------
     def stage_param_bytes(self) -> list[int]:
@@ -270,30 +262,25 @@ class LayerSplit(Strategy):
         """The stage whose device runs `program` ('train_fwd1' -> 1, 'last' -> the last)."""
         return self.stages - 1 if program == "last" else int(re.search(r"\d+$", program).group())
 
-    def accounting(self, step_stats, state) -> dict:
-        out = {**super().accounting(step_stats, state),
-               "param_bytes_per_device": max(self.stage_param_bytes())}
-        if getattr(self, "step_flops", None) is not None:
-            out["flops_all_stage_programs"] = self.step_flops
-        if getattr(self, "step_memory", None):
-            # `step_stats` is the first stage program's alone: memory per device is the most
-            # any stage program needs; per stage, the most of the programs on its device.
-            mems = self.step_memory
-            out["memory_per_device"] = measure.max_memory(list(mems.values()))
-            out["memory_per_stage"] = [
-                measure.max_memory([m for prog, m in mems.items() if self._stage_of(prog) == s])
-                for s in range(self.stages)]
-            # Activations are outputs here, not temporaries: a stage's forward returns the
-            # residuals its backward program consumes later; the last stage does both in one.
-            held = [mems[f"train_fwd{s}"]["output_bytes"] + mems[f"bwd{s}"]["temp_bytes"]
-                    for s in range(self.stages - 1)]
-            out["activation_bytes_per_device"] = max([*held, mems["last"]["temp_bytes"]])
-        return out
+    def accounting(self, programs, state) -> dict:
+        # Memory per device (the base's) is the most any stage program needs; per stage, the
+        # most of the programs on its device.
+        memory = {p.name: p.stats["memory"] for p in programs.parts}
+        per_stage = [measure.max_memory([m for prog, m in memory.items() if self._stage_of(prog) == s])
+                     for s in range(self.stages)]
+        # Activations are outputs here, not temporaries: a stage's forward returns the
+        # residuals its backward program consumes later; the last stage does both in one.
+        held = [memory[f"train_fwd{s}"]["output_bytes"] + memory[f"bwd{s}"]["temp_bytes"]
+                for s in range(self.stages - 1)]
+        return {**super().accounting(programs, state),
+                "param_bytes_per_device": max(self.stage_param_bytes()),
+                "memory_per_stage": per_stage,
+                "activation_bytes_per_device": max([*held, memory["last"]["temp_bytes"]])}
 
     def describe(self):
         return {**super().describe(), "stages": self.stages,
                 "blocks_per_stage": len(self.ranges[0]),
                 "stage_param_bytes": self.stage_param_bytes(),
                 "note": "one batch at a time, one device busy at a time; activations move "
-                        "with device_put (no collectives); backward recomputes each stage's "
-                        "forward from its input"}
+                        "with device_put (no collectives); each stage's backward applies the "
+                        "vjp its forward kept (no recomputed forward)"}

@@ -1,13 +1,13 @@
-"""`mpi-allreduce`: one process per MPI rank, one device per rank; gradients fused into one
-flat buffer (Horovod's tensor fusion) and summed across ranks with `mpi4jax.allreduce` inside
-the jitted step. Each rank reads only its own rows of every global batch.
+"""`mpi-allreduce`: one process per MPI rank, gradients summed with `mpi4jax.allreduce`.
+
+One device per rank; gradients fused into one flat buffer (Horovod's tensor fusion) and
+summed across ranks with `mpi4jax.allreduce` inside the jitted step. Each rank reads only
+its own rows of every global batch.
 
     mpiexec -n 2 python -m mpi4py -m experiments train --strategy mpi-allreduce --model mlp
 """
 
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +32,10 @@ class MpiAllreduce(Strategy):
     batch_norm_per_shard = True  # each rank steps on its own rows
 
     axes = ()  # one device per rank; the ranks are the data axis, joined by MPI
+    # Compiled for the program statistics, but called through `jit`: mpi4jax's collectives
+    # are ordered effects whose token argument only jit's call path supplies (the bare
+    # executable fails with 'supplied N arguments but expected N+1').
+    runs_executables = False
 
     @classmethod
     def mesh_axes(cls, spec, devices):
@@ -94,23 +98,15 @@ class MpiAllreduce(Strategy):
         sums = mpi_common.metric_sums_shape()
         return theory.mpi_allreduce_bytes(mpi_common.fused_bytes((self.template.params, sums)), self.size)
 
-    def accounting(self, step_stats, state) -> dict:
+    def accounting(self, programs, state) -> dict:
         """The base metrics (mpi4jax calls are counted from the compiled step's custom calls)
         plus the communication's own time: `_communicate` timed on this step's buffer sizes."""
-        out = super().accounting(step_stats, state)
+        out = super().accounting(programs, state)
         sums = jax.device_put(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                                            mpi_common.metric_sums_shape()), self.device)
         communicate = jax.jit(self._communicate)
         times = measure.time_calls(lambda: communicate(state, sums), COMM_REPEATS)
         return {**out, "comm_time_ms_median": measure.median_ms(times)}
-
-    def compile(self, name, *args):
-        """AOT-compile for the program statistics, but keep calling through `jit`: mpi4jax's
-        collectives are ordered effects whose token argument only jit's call path supplies
-        (the bare executable fails with 'supplied N arguments but expected N+1')."""
-        compiled, seconds = super().compile(name, *args)
-        del self.compiled[name]
-        return compiled, seconds
 
     # --- placement -----------------------------------------------------------------------
     def rows_multiple(self) -> int:

@@ -1,5 +1,7 @@
-"""Shared MPI plumbing for the mpi4jax strategies: the communicator, rank slicing of a
-global batch, world-size checks, and the install message when MPI is missing.
+"""Shared MPI plumbing for the mpi4jax strategies.
+
+The communicator, rank slicing of a global batch, world-size checks, and the install
+message when MPI is missing.
 
     mpiexec -n 2 python -m mpi4py -m experiments train --strategy mpi-allreduce
 """

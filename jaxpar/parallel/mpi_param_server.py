@@ -1,6 +1,8 @@
-"""`mpi-param-server`: the early MPI papers' scheme. Every rank computes gradients on its rows
-of the global batch; they are gathered to rank 0 (`mpi4jax.gather`), rank 0 sums them and makes
-the update, and the new parameters are broadcast back (`mpi4jax.bcast`). Same results as
+"""`mpi-param-server`: gradients gathered to rank 0, updated there, state broadcast back.
+
+The early MPI papers' scheme. Every rank computes gradients on its rows of the global
+batch; they are gathered to rank 0 (`mpi4jax.gather`), rank 0 sums them and makes the
+update, and the new parameters are broadcast back (`mpi4jax.bcast`). Same results as
 `mpi-allreduce`, different communication (N buffers into one rank, one buffer out).
 
     mpiexec -n 2 python -m mpi4py -m experiments train --strategy mpi-param-server --model mlp
@@ -8,7 +10,6 @@ the update, and the new parameters are broadcast back (`mpi4jax.bcast`). Same re
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 

@@ -186,7 +186,7 @@ class Pipeline(Strategy):
         mb = self._micro(batch, m_count)
         denom = self._denom(batch)
         act = jax.eval_shape(self._embed, params["outer"], mb["image"][0])
-        zero_sums = {k: self._varying(jnp.zeros((), jnp.float32)) for k in ("loss_sum", "correct", "count")}
+        zero_sums = {k: self._varying(jnp.zeros((), jnp.float32)) for k in steplib.SUMS}
 
         def tick(carry, t):
             recv, loss, sums = carry
@@ -216,7 +216,7 @@ class Pipeline(Strategy):
         act = jax.eval_shape(self._embed, params["outer"], mb["image"][0])
         buf = lambda: self._varying(jnp.zeros((S, *act.shape), act.dtype))  # noqa: E731
         nothing = lambda: self._varying(jnp.zeros(act.shape, act.dtype))  # noqa: E731
-        zero_sums = {k: self._varying(jnp.zeros((), jnp.float32)) for k in ("loss_sum", "correct", "count")}
+        zero_sums = {k: self._varying(jnp.zeros((), jnp.float32)) for k in steplib.SUMS}
 
         def stage_out(p, h):
             return self._stage(p["blocks"], h)
@@ -313,8 +313,8 @@ class Pipeline(Strategy):
         ops = {"collective-permute": sends * act_bytes, "all-reduce": outer + 12}
         return {**ops, "total": sum(ops.values())}
 
-    def accounting(self, step_stats, state):
-        out = super().accounting(step_stats, state)
-        return {**out, "activation_bytes_per_device": step_stats["memory"]["temp_bytes"],
+    def accounting(self, programs, state):
+        out = super().accounting(programs, state)
+        return {**out, "activation_bytes_per_device": programs.memory["temp_bytes"],
                 "bubble_fraction": schedules.bubble_fraction(self.table),
                 "bubble_theory": schedules.bubble_theory(self.S, self.M)}

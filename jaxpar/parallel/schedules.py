@@ -1,5 +1,7 @@
-"""Pipeline schedules as tables: which stage does which micro-batch's forward (F) or
-backward (B) in each time slot, with F and B one slot each.
+"""Pipeline schedules (GPipe, 1F1B) as tables, with their bubble and memory in flight.
+
+A table says which stage does which micro-batch's forward (F) or backward (B) in each time
+slot, with F and B one slot each.
 
     table = schedule("1f1b", stages=4, microbatches=8)
     table[t][s] -> ("F", m) | ("B", m) | None

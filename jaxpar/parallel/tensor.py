@@ -1,13 +1,12 @@
-"""`tensor`: Megatron-style tensor parallelism written out in `jax.shard_map` (Shoeybi et al.
-2019, fig. 3).
+"""`tensor`: Megatron-style tensor parallelism written out in `jax.shard_map`.
 
-Each block's column-parallel layers (`up`; in the ViT also `query`/`key`/`value`, so every
-device holds whole attention heads) keep a column slice of their kernel and bias; the
-row-parallel layer after them (`down`, `out`) keeps a row slice of its kernel, and its partial
-products are summed with one `psum` over the TENSOR axis before its (replicated) bias is
-added once. The block input is cast to tensor-varying once (Megatron's `f`), so the backward
-pass has exactly one all-reduce per sub-block too. Stem, head, LayerNorms and the position
-embedding are replicated. A DATA axis, if the mesh has one, shards the batch.
+Shoeybi et al. 2019, fig. 3; `_TensorBase` is what it shares with `tensor-auto`.
+
+Each block is split as `jaxpar.parallel.megatron` says: column-parallel `up` (and the ViT's
+`query`/`key`/`value`, whole heads per device), row-parallel `down`/`out` whose partial
+products meet in one `psum` over TENSOR, one all-reduce per sub-block forward and one
+backward. Stem, head, LayerNorms and the position embedding are replicated. A DATA axis, if
+the mesh has one, shards the batch.
 
     python -m experiments train --strategy tensor --mesh tensor=2 --devices 2 --model stack-mlp \
         --dataset synthetic --steps 20
@@ -18,7 +17,6 @@ from __future__ import annotations
 import functools
 
 import jax
-import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -28,39 +26,17 @@ from jaxpar import step as steplib
 from jaxpar import theory
 from jaxpar.mesh import DATA, TENSOR
 from jaxpar.models import ViT
-from jaxpar.models.mlp import ACTIVATIONS
-from jaxpar.models.vit import TransformerBlock
-from jaxpar.parallel.base import Strategy, model_option
-from jaxpar.errors import ConfigError
-
-COLUMN = ("up", "query", "key", "value")  # kernel split on the output dim, bias split
-ROW = ("down", "out")                     # kernel split on the input dim, bias replicated
-
-
-def check_divisible(model, degree: int, strategy: str) -> None:
-    """ConfigError if the width (stack-mlp) or head count (vit) does not split `degree` ways."""
-    block = model.blocks[0]
-    width = block.up.in_features
-    if isinstance(model, ViT):
-        heads = width // block.head_dim
-        if heads % degree:
-            raise ConfigError(f"--strategy {strategy}: the ViT's {heads} heads do not split over "
-                              f"tensor={degree}; change --mesh tensor= to a divisor of {heads}")
-    elif width % degree:
-        raise ConfigError(f"--strategy {strategy}: --width {width} is not divisible by "
-                          f"tensor={degree}; change --width or --mesh tensor=")
+from jaxpar.parallel import megatron
+from jaxpar.parallel.base import Strategy
 
 
 def param_specs(params) -> dict:
-    """PartitionSpec per parameter from its path: Megatron column/row splits inside blocks."""
+    """PartitionSpec per parameter from its path: Megatron column/row splits inside blocks
+    (params["blocks"][i][layer][kind]), everything else replicated."""
     def spec(path, _):
         keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
         if keys[0] == "blocks" and len(keys) == 4:
-            layer, kind = keys[2], keys[3]
-            if layer in COLUMN:
-                return P(None, TENSOR) if kind == "kernel" else P(TENSOR)
-            if layer in ROW and kind == "kernel":
-                return P(TENSOR, None)
+            return megatron.leaf_spec(keys[2], keys[3])
         return P()
     return jax.tree_util.tree_map_with_path(spec, params)
 
@@ -100,18 +76,13 @@ class _TensorBase(Strategy):
 
     @classmethod
     def check(cls, config, axes):
-        # (the ViT's fixed head count is checked when the model is built, in `init`)
-        degree, width = axes.get(TENSOR, 1), model_option(config, "width")
-        if config.model.model == "stack-mlp" and width % degree:
-            return [f"--width {width} does not split over tensor={degree}; make --width a "
-                    f"multiple of {degree} or change --mesh tensor=."]
-        return []
+        return megatron.split_problems(config, axes.get(TENSOR, 1), cls.name)
 
     def init(self, model, tx, mesh):
         self.mesh, self.tx = mesh, tx
         shape = meshlib.mesh_shape(mesh)
         self.degree, self.data = shape.get(TENSOR, 1), shape.get(DATA, 1)
-        check_divisible(model, self.degree, self.name)
+        megatron.check_divisible(model, self.degree, self.name)
         self.is_vit = isinstance(model, ViT)
         self.width, self.depth = model.blocks[0].up.in_features, len(model.blocks)
         self.graphdef, params, model_state = steplib.split_model(model)
@@ -147,32 +118,14 @@ class _TensorBase(Strategy):
             vit=self.is_vit, data=self.data, param_bytes_local=self.param_bytes)
         return {"total": total}
 
-    def accounting(self, step_stats, state) -> dict:
-        return {**super().accounting(step_stats, state), "param_bytes_per_device": self.param_bytes}
+    def accounting(self, programs, state) -> dict:
+        return {**super().accounting(programs, state), "param_bytes_per_device": self.param_bytes}
 
     def describe(self):
         return {**super().describe(), "tensor_degree": self.degree, "data_degree": self.data,
                 "sharded_params": sharded_names(self.pspecs),
                 "replicated": "stem/patch_embed, pos_embed, LayerNorms, head, row-layer biases",
                 "param_bytes_per_device": self.param_bytes}
-
-
-def _row(linear: nnx.Linear, a: jax.Array) -> jax.Array:
-    """Row-parallel Linear: partial products summed over TENSOR, then the bias added once."""
-    return jax.lax.psum(a @ linear.kernel[...], TENSOR) + linear.bias[...]
-
-
-def _varying(x: jax.Array) -> jax.Array:
-    # Megatron's `f`: identity forward; its transpose is the block's one backward all-reduce.
-    return jax.lax.pcast(x, TENSOR, to="varying")
-
-
-def tp_block(block, h: jax.Array) -> jax.Array:
-    """One block on this device's shard of it (same math as `block(h)` on the whole)."""
-    if isinstance(block, TransformerBlock):
-        h = h + _row(block.out, block.attention_heads(_varying(block.ln1(h))))
-        return h + _row(block.down, nnx.gelu(block.up(_varying(block.ln2(h)))))
-    return h + _row(block.down, ACTIVATIONS[block.activation](block.up(_varying(h))))
 
 
 class Tensor(_TensorBase):
@@ -193,11 +146,11 @@ class Tensor(_TensorBase):
         self._register("gradients", grads)
         self._register("eval_step", evals)
 
-    def _loss(self, params, model_state, batch, denom, train=True):
+    def _loss(self, params, model_state, batch, denom):
         model = nnx.merge(self.graphdef, params, model_state)
         h = model.embed(steplib.normalize(batch["image"]))
         for block in model.blocks:
-            h = tp_block(block, h)
+            h = megatron.block(block, h)
         return steplib.loss_from_logits(model.readout(h), batch, denom)
 
     def _grads_and_sums(self, state, batch):
@@ -220,5 +173,5 @@ class Tensor(_TensorBase):
         return self._grads_and_sums(state, batch)[0]
 
     def _local_eval(self, state, batch):
-        _, sums = self._loss(state.params, state.model_state, batch, None, train=False)
+        _, sums = self._loss(state.params, state.model_state, batch, None)
         return jax.lax.psum(sums, DATA) if self.data > 1 else sums

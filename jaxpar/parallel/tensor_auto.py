@@ -1,7 +1,9 @@
-"""`tensor-auto`: the `tensor` strategy's Megatron sharding written only as PartitionSpecs on
-the parameters (and their optimizer moments), with plain `jit` over the unchanged shared step:
-the compiler (GSPMD) places the collectives. Its measured collective bytes are reported beside
-the explicit version's theory; where they differ, that is XLA's choice, and a finding.
+"""`tensor-auto`: the `tensor` split as PartitionSpecs under plain `jit`; XLA places collectives.
+
+The Megatron sharding written only as PartitionSpecs on the parameters (and their optimizer
+moments), with plain `jit` over the unchanged shared step: the compiler (GSPMD) places the
+collectives. Its measured collective bytes are reported beside the explicit version's
+theory; where they differ, that is XLA's choice, and a finding.
 
     python -m experiments bench --strategy tensor-auto --mesh tensor=2 --devices 2 \
         --model stack-mlp --width 64 --depth 4

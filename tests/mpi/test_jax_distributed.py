@@ -1,0 +1,32 @@
+"""Strategies on one `jax.distributed` mesh over MPI ranks (`jaxpar/distributed.py`) equal `single`.
+
+The world is the size that was launched (a world of 1 would pass everything trivially), and
+every multi-process strategy, one device per rank, matches `single` run in-process on the full
+global batch (the equivalence protocol).
+
+    mpiexec -n 2 python -m mpi4py -m pytest -q tests/mpi/test_jax_distributed.py
+"""
+
+import os
+
+import jax
+import pytest
+
+import equivalence as eq
+
+
+def test_world_size_is_what_was_launched(comm):
+    """A world of size 1 would pass every equivalence test trivially."""
+    expected = int(os.environ.get("JAXPAR_EXPECT_RANKS") or os.environ.get("PMI_SIZE")
+                   or os.environ.get("OMPI_COMM_WORLD_SIZE") or 0)
+    assert expected >= 2, "launch with mpiexec -n N (N >= 2), or set JAXPAR_EXPECT_RANKS"
+    assert comm.Get_size() == expected
+
+
+@pytest.mark.parametrize("strategy", ["dp-auto", "dp-shard-map", "fsdp", "local-sgd"])
+def test_equivalent_to_single(comm, strategy, reference):
+    size = comm.Get_size()
+    got = eq.run(eq.config(batch_size=16 * size, strategy=strategy), steps=5)
+    eq.assert_equivalent(reference, got)
+    assert jax.process_count() == size and got.strategy.describe()["devices"] == size
+    assert got.strategy.trace_counts["step"] == 1
