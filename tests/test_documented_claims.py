@@ -12,7 +12,6 @@ from flax import nnx
 from conftest import requires_devices
 from equivalence import batches, config
 from experiments.__main__ import run
-from jaxpar import measure
 from jaxpar.optim import make_optimizer
 from jaxpar.train import build_model, make_strategy
 
@@ -26,8 +25,8 @@ def temp_bytes(devices: int, **options) -> int:
     strategy = make_strategy(cfg)
     mesh = strategy.make_mesh(jax.devices()[:devices])
     state = strategy.init(build_model(cfg), make_optimizer(cfg.optim, total_steps=1), mesh)
-    compiled, _ = strategy.compile("step", state, strategy.place_batch(batches(cfg.data.batch_size, 1)[0]))
-    return measure.program_stats(compiled)["memory"]["temp_bytes"]
+    programs = strategy.compile("step", state, strategy.place_batch(batches(cfg.data.batch_size, 1)[0]))
+    return programs.memory["temp_bytes"]
 
 
 @requires_devices(2)
