@@ -23,7 +23,7 @@ from experiments.options import BenchOptions
 from experiments.run import execute
 from jaxpar import data, distributed, results
 from jaxpar.checkpoint import Interrupted
-from jaxpar.errors import UserError
+from jaxpar.errors import Diverged, UserError
 
 # Every study: a config dataclass (its flags), a quick preset and a run function.
 STUDIES = {s.name: s for s in (scaling.STUDY, pipeline_study.STUDY, hparam.STUDY, batch_size.STUDY,
@@ -65,6 +65,9 @@ def run(argv: list[str]) -> int:
         return _dispatch(args, Console(stderr=False))
     except Interrupted as e:  # SIGTERM / Ctrl-C after saving a checkpoint
         print(str(e), file=sys.stderr)
+        return e.exit_code
+    except Diverged as e:  # a non-finite loss: the result says so; exit 3
+        distributed.report_user_error(str(e), e.exit_code)
         return e.exit_code
     except USER_ERRORS as e:
         distributed.report_user_error(str(e), EXIT_USAGE)  # once per job under mpiexec

@@ -19,7 +19,7 @@ from jaxpar import distributed, results
 from jaxpar.bench import benchmark, report
 from jaxpar.config import TrainConfig
 from jaxpar.distributed import launcher
-from jaxpar.errors import ConfigError
+from jaxpar.errors import ConfigError, Diverged
 from jaxpar.mesh import simulate_cpu_devices
 from jaxpar.parallel import STRATEGIES
 from jaxpar.train import train
@@ -62,6 +62,10 @@ def execute(config: TrainConfig, bench: BenchOptions | None = None, console: Con
     console = console if main else None
     try:
         result = _work(config, bench, console)
+    except Diverged as stop:  # its result says where and why; the message comes from the CLI
+        if out is not None and main:
+            results.save(stop.result, out)
+        raise
     except BaseException:
         if created:
             _remove_if_empty(Path(out))  # a failed run leaves no folder behind

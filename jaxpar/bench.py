@@ -22,6 +22,7 @@ from jaxpar.config import TrainConfig, to_dict
 from jaxpar.optim import make_optimizer
 from jaxpar.results import RunResult, capture_provenance, environment
 from jaxpar.train import build_model, make_strategy
+from jaxpar.validate import validate
 
 
 def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
@@ -35,6 +36,7 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
     """
     wall_start = time.perf_counter()
     capture_provenance(None)  # the revision this run starts from; no dataset is read
+    validate(config)  # every option and combination (the CLI has checked them too)
     strategy = make_strategy(config)
     mesh = strategy.make_mesh(jax.devices())
     batch_size = config.data.batch_size

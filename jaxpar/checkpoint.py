@@ -155,9 +155,13 @@ class Checkpointer:
         return self.directory / str(step)
 
     def close(self) -> None:
-        """Wait for the last asynchronous save to be complete on disk."""
+        """Wait for the last asynchronous save to be complete on disk (once; later calls do
+        nothing)."""
+        if getattr(self, "_closed", False):
+            return
         self.manager.wait_until_finished()
         self.manager.close()
+        self._closed = True
 
     # --- restore ---------------------------------------------------------------------------
     def restore(self, target: Any) -> tuple[Any, dict]:

@@ -26,3 +26,21 @@ class DataError(UserError):
 
 class ResultsError(UserError):
     """Results cannot be written or read; the message names the fix."""
+
+
+class Diverged(Exception):
+    """Training stopped being finite (the loss, or the state about to be checkpointed): the run
+    stops at once with exit status 3, and nothing is checkpointed from that state. `result`
+    (a RunResult with status "diverged") is what the run writes instead."""
+
+    exit_code = 3
+
+    def __init__(self, step: int, last_finite_loss: float | None, lr: float, what: str = "loss"):
+        self.step, self.last_finite_loss, self.result = step, last_finite_loss, None
+        last = ("no step before it had a finite loss" if last_finite_loss is None else
+                f"the last finite loss was {last_finite_loss:.4g}")
+        super().__init__(
+            f"training diverged at step {step}: the {what} is not finite ({last}). Nothing was "
+            f"checkpointed from that state; the last good checkpoint, if any, is the one --resume "
+            f"takes. Lower --lr (it was {lr:g}) or warm up (--lr-schedule warmup-cosine "
+            "--warmup-steps N).")

@@ -40,6 +40,7 @@ class RunResult:
     metrics: dict[str, Any]
     strategy: dict[str, Any] = field(default_factory=dict)  # Strategy.describe()
     history: list[dict[str, Any]] = field(default_factory=list)  # per-evaluation records
+    status: str = "completed"      # or "diverged": the run stopped at a non-finite loss
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> str:

@@ -29,28 +29,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 
 from jaxpar import checkpoint as ckptlib
 from jaxpar import data as datalib
 from jaxpar.config import TrainConfig, to_dict
-from jaxpar.errors import ConfigError
+from jaxpar.errors import ConfigError, Diverged
 from jaxpar.models import make_model
 from jaxpar.optim import make_optimizer
 from jaxpar.parallel import STRATEGIES
 from jaxpar.results import RunResult, capture_provenance, environment
 from jaxpar.step import SUMS, summarize
-
-
-def check_target(config: TrainConfig) -> None:
-    """A --target-accuracy that can be reached: a fraction in (0, 1] and a validation split."""
-    target = config.target_accuracy
-    if target is None:
-        return
-    if not 0 < target <= 1:
-        raise ConfigError(f"--target-accuracy is a fraction in (0, 1], e.g. 0.85; got {target}")
-    if config.data.val_size == 0:
-        raise ConfigError("--target-accuracy is checked on the validation split; set --val-size > 0 "
-                          "(examples carved from train)")
+from jaxpar import validate as validation  # (validate() below records a validation)
 
 
 def first_reaching(history: list[dict[str, Any]], target: float | None) -> dict[str, Any] | None:
@@ -153,6 +143,11 @@ class LoopState:
     last: dict[str, float] = field(default_factory=lambda: {"loss": math.nan, "accuracy": math.nan})
     step_times: list[float] = field(default_factory=list)
     reached: dict[str, Any] | None = None  # the first validation that reached --target-accuracy
+    last_finite_loss: float | None = None  # the latest logged step's loss, while finite
+    # Metric sums of the steps since the loop last waited (still on device), and when the
+    # first of them started: the loop waits every `sync_every` steps, then logs them all.
+    pending: list[dict] = field(default_factory=list)
+    window_t0: float = 0.0
 
     def done(self, run: Run) -> bool:
         return self.step >= run.total_steps or self.reached is not None
@@ -175,7 +170,23 @@ def fit(config: TrainConfig, console=None) -> Outcome:
     capture_provenance(config.data)  # the revision and data this run starts from
     run, loop = set_up(config, console)
     compiled = compile_programs(run, loop.state)
-    with _progress(config.progress and console is not None) as bar, (run.ckpt or contextlib.nullcontext()):
+    try:
+        loop_epochs(run, loop)
+        if run.ckpt is not None and run.ckpt.last_saved != loop.step:
+            save(run, loop)
+    except Diverged as stop:
+        stop.result = diverged_result(run, loop, compiled, wall_start, stop)
+        raise
+    finally:
+        if run.ckpt is not None:
+            run.ckpt.close()  # waits for the asynchronous writes (the good ones, on divergence)
+    return Outcome(make_result(run, loop, compiled, wall_start), run.strategy, loop.state)
+
+
+def loop_epochs(run: Run, loop: LoopState) -> None:
+    """The training loop: epoch after epoch until the budget, the target or a stop."""
+    with _progress(run.config.progress and run.console is not None) as bar, \
+            (run.ckpt or contextlib.nullcontext()):
         task = bar.add_task("train", total=run.total_steps, completed=loop.step, epoch=1,
                             loss=math.nan, acc=0.0, ips=0.0)
         show = functools.partial(bar.update, task)
@@ -187,30 +198,29 @@ def fit(config: TrainConfig, console=None) -> Outcome:
             end_epoch(run, loop, epoch, start)
             if loop.done(run):
                 break
-    if run.ckpt is not None:
-        if run.ckpt.last_saved != loop.step:
-            save(run, loop)
-        run.ckpt.close()  # waits for the asynchronous writes
-    return Outcome(make_result(run, loop, compiled, wall_start), run.strategy, loop.state)
+
+
+def sync_interval() -> int:
+    """Steps between the loop's waits for the device. One on CPU: XLA's in-process collectives
+    deadlock when steps queue up (one collective step in flight); elsewhere the host runs up
+    to 10 steps ahead, and a non-finite loss is caught within those 10 steps."""
+    return 1 if jax.default_backend() == "cpu" else 10
 
 
 def set_up(config: TrainConfig, console=None) -> tuple[Run, LoopState]:
     """Check the options, load the data, place the initial state; resume it if asked.
     Every check comes before any write (bad --resume input overwrites nothing)."""
+    validation.validate(config)  # every option and combination (the CLI has checked them too)
     strategy = make_strategy(config)
-    check_target(config)
-    if config.resume and not config.checkpoint_dir:
-        raise ConfigError("--resume needs --checkpoint-dir (the folder the run saved to)")
     ckpt = ckptlib.Checkpointer(config) if config.checkpoint_dir else None  # checks the folder
     splits = datalib.load(config.data, config.seed)
     mesh = strategy.make_mesh(jax.devices())
     per_epoch = datalib.steps_per_epoch(len(splits.train[1]), config.data.batch_size)
     total_steps = config.steps if config.steps is not None else config.epochs * per_epoch
-    if total_steps < 1:
-        raise ConfigError("--epochs and --steps must give at least one step")
+    validation.check_schedule(config, total_steps)
     run = Run(config, strategy, mesh, splits, per_epoch, total_steps,
               eval_bs=min(config.data.eval_batch_size, len(splits.test[1])), ckpt=ckpt,
-              console=console, sync_every=1 if jax.default_backend() == "cpu" else 10)
+              console=console, sync_every=sync_interval())
     tx = make_optimizer(config.optim, total_steps)
     loop = LoopState(state=strategy.init(build_model(config), tx, mesh))
     if ckpt is not None and config.resume:
@@ -253,13 +263,15 @@ def train_epoch(run: Run, loop: LoopState, epoch: int, start: int, show: Callabl
                                        epoch, start):
         if loop.step >= run.total_steps:
             break
-        t0 = time.perf_counter()
+        if not loop.pending:
+            loop.window_t0 = time.perf_counter()
         loop.state, sums = strategy.step(loop.state, strategy.place_batch(batch))
+        loop.pending.append(sums)
         loop.step += 1
         evaluating = bool(config.eval_every) and loop.step % config.eval_every == 0
         # Wait for the step before a validation, so train_s counts every step before it.
         if loop.step % run.sync_every == 0 or loop.step == run.total_steps or evaluating:
-            log_step(run, loop, sums, t0, epoch, show)
+            log_steps(run, loop, epoch, show)
         if evaluating:
             validate(run, loop, epoch)
         if run.ckpt is not None and run.ckpt.signum is not None:  # SIGTERM / Ctrl-C
@@ -272,20 +284,33 @@ def train_epoch(run: Run, loop: LoopState, epoch: int, start: int, show: Callabl
             break
 
 
-def log_step(run: Run, loop: LoopState, sums: dict, t0: float, epoch: int,
-             show: Callable[..., Any]) -> None:
-    """Log one step's metrics: wait for the step that started at `t0`, add its metric sums to
-    the running totals, count its time and show them."""
-    totals = run.strategy.host_sums(sums)
-    for k in loop.running:
-        loop.running[k] += totals[k]
-    dt = time.perf_counter() - t0
-    loop.step_times.append(dt / run.sync_every)
-    loop.train_s += dt
+def log_steps(run: Run, loop: LoopState, epoch: int, show: Callable[..., Any]) -> None:
+    """Log the steps since the last wait: wait for them, add them up (`drain`), show them."""
+    drain(run, loop)
     loop.last = summarize(loop.running)
     ips = run.config.data.batch_size / statistics.median(loop.step_times[-50:])
     show(completed=loop.step, epoch=epoch + 1, loss=loop.last["loss"], acc=loop.last["accuracy"],
          ips=ips)
+
+
+def drain(run: Run, loop: LoopState) -> None:
+    """Wait for the steps since the last wait, add their metric sums to the running totals and
+    count their time. A step whose loss is not finite stops the run there (Diverged)."""
+    if not loop.pending:
+        return
+    window = [run.strategy.host_sums(sums) for sums in loop.pending]
+    dt = time.perf_counter() - loop.window_t0
+    first = loop.step - len(window) + 1
+    for i, totals in enumerate(window):
+        loss = totals["loss_sum"] / max(totals["count"], 1.0)
+        if not math.isfinite(loss):
+            raise Diverged(first + i, loop.last_finite_loss, run.config.optim.lr)
+        loop.last_finite_loss = loss
+        for k in loop.running:
+            loop.running[k] += totals[k]
+    loop.step_times.append(dt / len(window))
+    loop.train_s += dt
+    loop.pending = []
 
 
 def validate(run: Run, loop: LoopState, epoch: int) -> None:
@@ -320,11 +345,31 @@ def end_epoch(run: Run, loop: LoopState, epoch: int, start: int) -> None:
 
 
 def save(run: Run, loop: LoopState):
-    """Checkpoint the state and the loop's progress; returns the step's folder."""
+    """Checkpoint the state and the loop's progress; returns the step's folder. A state that
+    is not finite is never saved (Diverged): the last good checkpoint stays the latest."""
+    drain(run, loop)  # the running sums the checkpoint keeps count every step before it
+    if not finite(loop.state.params):
+        raise Diverged(loop.step, loop.last_finite_loss, run.config.optim.lr, "model's parameters")
     # The data order is a function of (seed, epoch): the step fixes the position in it.
     progress = {"epoch": loop.step // run.per_epoch, "position": loop.step % run.per_epoch,
                 "running": loop.running, "history": loop.history, "train_s": loop.train_s}
     return run.ckpt.save(loop.step, run.strategy.state_to_reference(loop.state), progress)
+
+
+def finite(tree) -> bool:
+    """Every array of `tree` finite (each reduced where it lives: a scalar per array crosses
+    to the host; called only before a checkpoint)."""
+    return all(bool(jax.device_get(jnp.isfinite(x).all())) for x in jax.tree.leaves(tree))
+
+
+def diverged_result(run: Run, loop: LoopState, compiled: dict[str, Any], wall_start: float,
+                    stop: Diverged) -> RunResult:
+    """What a diverged run writes instead of test metrics: where it stopped and why."""
+    metrics = {"steps": loop.step, "diverged_at_step": stop.step,
+               "last_finite_loss": stop.last_finite_loss, "train_s": loop.train_s,
+               "wall_s": time.perf_counter() - wall_start, **compiled}
+    return RunResult(kind="train", config=to_dict(run.config), env=environment(), metrics=metrics,
+                     strategy=run.strategy.describe(), history=loop.history, status="diverged")
 
 
 def make_result(run: Run, loop: LoopState, compiled: dict[str, Any], wall_start: float) -> RunResult:
