@@ -130,7 +130,10 @@ def memory_problems(config: TrainConfig) -> list[str]:
 
 def device_memory_bytes() -> int:
     """What one device can hold: the accelerator's own limit, or the host's RAM on a CPU."""
-    stats = jax.devices()[0].memory_stats() or {}
+    try:
+        stats = jax.local_devices()[0].memory_stats() or {}
+    except jax.errors.JaxRuntimeError:  # a backend that keeps no statistics
+        stats = {}
     if "bytes_limit" in stats:
         return int(stats["bytes_limit"])
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
