@@ -14,10 +14,12 @@ compilation (`compile_s`, reported apart) and without evaluation. It survives `-
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -26,10 +28,11 @@ from jaxpar import checkpoint as ckptlib
 from jaxpar import data as datalib
 from jaxpar import measure
 from jaxpar.config import ConfigError, TrainConfig, to_dict
+from jaxpar.errors import ResultsError
 from jaxpar.models import make_model
 from jaxpar.optim import make_optimizer
 from jaxpar.parallel import STRATEGIES
-from jaxpar.results import RunResult, environment
+from jaxpar.results import RESULT_FILE, RunResult, environment
 from jaxpar.step import summarize
 
 
@@ -87,6 +90,27 @@ def target_metrics(reached: dict[str, Any] | None, batch_size: int) -> dict[str,
     return {"reached_target": True, "steps_to_target": reached["step"], "examples_to_target": examples,
             "time_to_target_s": reached["train_s"],
             "images_per_sec_to_target": examples / reached["train_s"] if reached["train_s"] else None}
+
+
+def log_event(config: TrainConfig, event: str, **fields: Any) -> None:
+    """Append one JSON line to `--events` (nothing without it; rank 0 only): what a live view
+    such as the demo follows instead of the progress bar.
+
+    Args:
+      event: "start" (compile time and the accounting, before the first step), "step" (each
+        logged step), "validation" (each validation record) or "end" (metrics and the result
+        path its caller writes next).
+    """
+    if not config.events or jax.process_index() != 0:
+        return
+    # Opened per record and flushed on close: a reader never waits on a buffer. The first
+    # record ("start") comes before any training step, so a bad path costs no training.
+    try:
+        with open(config.events, "a") as f:
+            f.write(json.dumps({"event": event, "time": time.time(), **fields}, default=float) + "\n")
+    except OSError as e:
+        raise ResultsError(f"cannot append to --events {config.events!r} ({e.strerror or e}); pass "
+                           "a file in a folder that exists and that you can write to") from e
 
 
 def _progress(enabled: bool):
@@ -155,6 +179,9 @@ def fit(config: TrainConfig, console=None) -> Outcome:
     eval_example = strategy.place_batch(next(datalib.eval_batches(splits.test, eval_bs)))
     _, eval_compile_s = strategy.compile("eval_step", state, eval_example)
     del first, eval_example
+    log_event(config, "start", step=step, total_steps=total_steps, batch_size=batch_size,
+              compile_s=compile_s, eval_compile_s=eval_compile_s, strategy=strategy.describe(),
+              **accounting)
 
     # One step in flight on CPU: XLA's in-process collectives deadlock when steps queue up
     # (DEVELOPERS.md); elsewhere wait only every few steps so the host runs ahead.
@@ -173,6 +200,7 @@ def fit(config: TrainConfig, console=None) -> Outcome:
                   "train_accuracy": last["accuracy"], "val_loss": val["loss"],
                   "val_accuracy": val["accuracy"], "train_s": train_s}
         history.append(record)
+        log_event(config, "validation", **record)
         if console is not None:
             console.print(f"epoch {epoch + 1:>3}  step {step:>6}  train loss {last['loss']:.4f}  "
                           f"val loss {val['loss']:.4f}  val acc {val['accuracy']:.4f}")
@@ -212,6 +240,9 @@ def fit(config: TrainConfig, console=None) -> Outcome:
                     ips = batch_size / statistics.median(step_times[-50:])
                     bar.update(task, completed=step, epoch=epoch + 1, loss=last["loss"],
                                acc=last["accuracy"], ips=ips)
+                    log_event(config, "step", step=step, epoch=epoch + 1, loss=last["loss"],
+                              accuracy=last["accuracy"], images_per_sec=ips,
+                              step_ms=1000 * batch_size / ips)
                 if evaluating:
                     validate(epoch)
                 if ckpt is not None and ckpt.signum is not None:  # SIGTERM / Ctrl-C
@@ -262,4 +293,6 @@ def fit(config: TrainConfig, console=None) -> Outcome:
                       f"({step} steps, {metrics['wall_s']:.0f} s)")
     result = RunResult(kind="train", config=to_dict(config), env=environment(), metrics=metrics,
                        strategy=strategy.describe(), history=history)
+    log_event(config, "end", metrics=metrics,
+              result=str(Path(config.out) / RESULT_FILE) if config.out else None)
     return Outcome(result, strategy, state)
