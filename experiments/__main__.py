@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-from experiments import (batch_size, figures, hparam, pipeline_study, scaling, strategies,
+from experiments import (batch_size, demo, figures, hparam, pipeline_study, scaling, strategies,
                          time_to_accuracy)
 from experiments.cli import BENCH, build_parser, config_from_args
 from jaxpar import data, distributed, results
@@ -53,10 +53,13 @@ COMMANDS = {
                 "config": False, "extra": "figures"},
     "prepare-data": {"help": "prepare a dataset ahead of time (for offline machines and clusters)",
                      "config": {"dataset", "data_dir", "cache_dir"}},
+    "demo": {"help": "local web page: train strategies live side by side, classify drawings with "
+                     "the trained models, the study figures (needs the `demo` extra)", "config": False},
 }
 
 STUDIES = {"batch-size": batch_size, "scaling": scaling, "pipeline": pipeline_study, "figures": figures,
-           "hparam": hparam, "strategies": strategies, "time-to-accuracy": time_to_accuracy}
+           "hparam": hparam, "strategies": strategies, "time-to-accuracy": time_to_accuracy,
+           "demo": demo}
 for _name, _module in STUDIES.items():
     COMMANDS[_name]["extra"] = _module.add_flags
 
