@@ -56,6 +56,8 @@ def free_port(host: str, port: int) -> int:
     """`port` if nothing listens there, else the next free one (ConfigError when none is)."""
     for candidate in range(port, port + PORTS_TRIED):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # As the server binds (uvicorn): a port left in TIME_WAIT by a closed demo is free.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, candidate))
             except OSError:

@@ -32,7 +32,15 @@ def _frame(rows: list[dict], y: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["seconds", y, "strategy", "step"])
 
 
+def _plot(rows: list[dict], y: str):
+    """A line plot's new data. Its legend lists the runs drawn: a changed list redraws the
+    plot with a colour per run (Gradio keeps the colours of the first data it drew otherwise)."""
+    names = list(dict.fromkeys(r["strategy"] for r in rows))
+    return gr.update(value=_frame(rows, y), colors_in_legend=names)
+
+
 def train_tab(runs: live.LiveRuns, dataset: str) -> None:
+    """The train panel: options, start/stop/resume, curves and a table read every TICK_S."""
     spec = live.RunSpec(dataset=dataset)
     with gr.Row():
         model = gr.Dropdown(list(MODELS), value=spec.model, label="model", elem_id="model")
@@ -55,7 +63,7 @@ def train_tab(runs: live.LiveRuns, dataset: str) -> None:
                            title="training loss (running mean of the epoch)",
                            x_title="wall seconds since start", elem_id="loss-plot")
         accuracy = gr.LinePlot(_frame([], "val_accuracy"), x="seconds", y="val_accuracy",
-                               color="strategy", title="validation accuracy",
+                               color="strategy", title="validation accuracy", y_lim=[0, 1],
                                x_title="wall seconds since start", elem_id="accuracy-plot")
     table = gr.Dataframe(pd.DataFrame([]), label="runs", elem_id="run-table", interactive=False)
     seen = gr.State(None)
@@ -85,11 +93,11 @@ def train_tab(runs: live.LiveRuns, dataset: str) -> None:
         if signature == last:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip(), last
         rows = live.curves(statuses, runs.started)
-        lines = [f"**{s.strategy} failed:** {s.error}" for s in statuses if s.state == "failed"]
         states = ", ".join(f"{s.strategy}: {s.state}" for s in statuses)
-        text = "\n\n".join([states or "No runs yet.", *lines])
-        return (_frame(rows["loss"], "loss"), _frame(rows["accuracy"], "val_accuracy"),
-                pd.DataFrame([live.summary_row(s) for s in statuses]), text, signature)
+        lines = [f"Runs in `{runs.group}`: {states}" if statuses else "No runs yet."]
+        lines += [f"**{s.strategy} failed:** {s.error}" for s in statuses if s.state == "failed"]
+        return (_plot(rows["loss"], "loss"), _plot(rows["accuracy"], "val_accuracy"),
+                pd.DataFrame([live.summary_row(s) for s in statuses]), "\n\n".join(lines), signature)
 
     model.change(on_model, [model, strategies], strategies)
     start.click(on_start, [model, data, strategies, devices, steps, batch, every], status)
@@ -100,7 +108,8 @@ def train_tab(runs: live.LiveRuns, dataset: str) -> None:
 
 
 def classify_tab(models: Models, roots: list[Path], startup: list[str]):
-    """The classify panel; returns what the page's load event fills in (test_views and its outputs)."""
+    """The classify panel; returns its test views and folder-list refresh with their outputs,
+    for the page's own events (load, tab select)."""
     with gr.Row():
         folder = gr.Dropdown([str(p) for p in candidates(roots)], value=None, allow_custom_value=True,
                              label="result folder or checkpoint (pick one or type a path)",
@@ -130,8 +139,11 @@ def classify_tab(models: Models, roots: list[Path], startup: list[str]):
         return big, predictions(image), image
 
     def test_views(message=""):
+        """(status, test images, confusion matrices) for the loaded models."""
+        loaded = ", ".join(m.name for m in models.loaded) or "none"
+        message = "\n\n".join(filter(None, [message, f"Models loaded: {loaded}."]))
         if not models.loaded:
-            return message or "No model loaded.", "", None
+            return message, "", None
         try:
             probs = models.probabilities()
             images, labels = models.test_split()
@@ -151,7 +163,10 @@ def classify_tab(models: Models, roots: list[Path], startup: list[str]):
 
     def on_clear():
         models.clear()
-        return "All models unloaded.", "", None, predictions(None)
+        return (*test_views("All models unloaded."), predictions(None))
+
+    def folders():
+        return gr.update(choices=[str(p) for p in candidates(roots)])
 
     def on_shuffle():
         models.next_sample()
@@ -161,10 +176,10 @@ def classify_tab(models: Models, roots: list[Path], startup: list[str]):
                   trigger_mode="always_last")
     load.click(on_load, [folder, drawn], [status, tests, matrix, top3])
     folder.select(on_load, [folder, drawn], [status, tests, matrix, top3])
-    refresh.click(lambda: gr.update(choices=[str(p) for p in candidates(roots)]), None, folder)
+    refresh.click(folders, None, folder)
     clear.click(on_clear, None, [status, tests, matrix, top3])
     shuffle.click(on_shuffle, None, [status, tests, matrix])
-    return test_views, status, tests, matrix
+    return test_views, folders, (status, tests, matrix, folder)
 
 
 def figures_tab() -> None:
@@ -175,9 +190,12 @@ def figures_tab() -> None:
         gr.Markdown("No figures in figures/.")
 
 
-# Selects the canvas's brush when the classify tab opens: the editor starts with no tool.
-PICK_BRUSH = """() => { setTimeout(() => {
-  const b = document.querySelector('#canvas button[aria-label="Brush"]'); if (b) b.click(); }, 300); }"""
+# Selects the canvas's brush once the classify tab has drawn it: the editor starts with no
+# tool ("select the draw tool to start"), a step a person at a poster should not need.
+PICK_BRUSH = """() => { let tries = 0; const pick = () => {
+  const b = document.querySelector('#canvas button[aria-label="Brush"]');
+  if (b && b.offsetParent !== null) { b.click(); } else if (++tries < 50) { setTimeout(pick, 100); }
+}; pick(); }"""
 
 
 def build(dataset: str, runs_root: str | Path, preload: list[str] | None) -> tuple[gr.Blocks, live.LiveRuns]:
@@ -196,10 +214,10 @@ def build(dataset: str, runs_root: str | Path, preload: list[str] | None) -> tup
             with gr.Tab("Train live", elem_id="tab-train"):
                 train_tab(runs, dataset)
             with gr.Tab("Classify", elem_id="tab-classify") as tab:
-                test_views, status, tests, matrix = classify_tab(models, roots, startup)
+                test_views, folders, (status, tests, matrix, folder) = classify_tab(models, roots, startup)
             with gr.Tab("Figures", elem_id="tab-figures"):
                 figures_tab()
-        tab.select(None, None, None, js=PICK_BRUSH)
+        tab.select(folders, None, folder, js=PICK_BRUSH)  # runs finished since: in the list
         app.load(lambda: test_views("\n\n".join(startup)), None, [status, tests, matrix])
     return app, runs
 

@@ -65,7 +65,8 @@ class Status:
 
     strategy: str
     folder: Path
-    state: str = "starting"   # starting | compiling | training | stopped | finished | failed
+    # starting | preparing (loading data, compiling) | training | stopped | finished | failed
+    state: str = "starting"
     total_steps: int = 0
     start: dict = field(default_factory=dict)       # the start record: compile time, accounting
     steps: list[dict] = field(default_factory=list)
@@ -129,7 +130,7 @@ class Run:
         code = self.proc.poll() if self.proc is not None else None
         if code is None:
             if self.status.state == "starting" and self.proc is not None:
-                self.status.state = "compiling"
+                self.status.state = "preparing"
         elif code == 0:
             self.status.state = "finished"
         elif self.stopping or code == 128 + signal.SIGTERM:
@@ -170,6 +171,7 @@ class LiveRuns:
     def __init__(self, root: str | Path):
         self.root = Path(root)
         self.runs: list[Run] = []
+        self.group: Path | None = None  # the folder of the group's runs
         self.started = 0.0  # wall time the group started: every curve's zero
         atexit.register(self.kill)
 
@@ -180,7 +182,7 @@ class LiveRuns:
         while group.exists():  # two groups in one second
             group = group.with_name(group.name + "-1")
         self.runs = [Run(spec, s, group / s) for s in spec.strategies]
-        self.started = time.time()
+        self.group, self.started = group, time.time()
         for run in self.runs:
             run.launch()
         return group
@@ -214,9 +216,6 @@ class LiveRuns:
     def kill(self) -> None:
         """At exit: stop the processes this demo started (a checkpoint each, if they can)."""
         self.stop(wait=True)
-
-    def folders(self) -> list[Path]:
-        return [run.folder for run in self.runs]
 
 
 def curves(statuses: list[Status], started: float) -> dict[str, list[dict[str, Any]]]:

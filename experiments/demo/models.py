@@ -29,16 +29,12 @@ class Models:
     def __init__(self, dataset: str):
         self.dataset = dataset
         self.loaded: list[classify.Classifier] = []
-        self._names: list[str] | None = None
+        # Now, not on first use: it imports TFDS, whose lazy-import hook is process-wide while
+        # it runs, and would break imports in the page's other threads (Gradio's workers).
+        self.names = classify.class_names(dataset)
         self._test: tuple[np.ndarray, np.ndarray] | None = None
         self._probabilities: dict[str, np.ndarray] = {}  # model name -> [N, 10] on the test split
         self.shown = SEED
-
-    @property
-    def names(self) -> list[str]:
-        if self._names is None:
-            self._names = classify.class_names(self.dataset)
-        return self._names
 
     def load(self, folder: str | Path) -> str:
         """Load the model in `folder`; the line the page shows. Raises UserError (the message)."""
@@ -101,7 +97,8 @@ def _dataset_of(folder: Path) -> str | None:
 
 
 def candidates(roots: list[Path]) -> list[Path]:
-    """Folders under `roots` (two levels down) that hold a result or a checkpoint to load."""
+    """Folders under `roots` (two levels down) that hold a result or a checkpoint to load, the
+    newest first (the runs just trained)."""
     found = []
     for root in roots:
         if not root.is_dir():
@@ -112,4 +109,4 @@ def candidates(roots: list[Path]) -> list[Path]:
             if ((folder / RESULT_FILE).exists() or classify.has_checkpoint(folder)
                     or classify.has_checkpoint(folder / classify.CHECKPOINT_SUBDIR)):
                 found.append(folder)
-    return found
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
