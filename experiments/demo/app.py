@@ -22,7 +22,8 @@ from jaxpar.data import DATASETS
 from jaxpar.errors import UserError
 from jaxpar.models import MODELS
 
-TICK_S = 1.0  # how often the train panel reads the runs' events
+TICK_S = 1.0    # how often the train panel reads the runs' events
+SHOWN_PX = 224  # the model's 28x28 input, shown 8x
 INTRO = ("**jaxpar live.** Train one model under several parallel strategies side by side, then "
          "draw an item and see what each trained model predicts. Every number comes from the "
          "runs themselves (their `--events` stream and `result.json`).")
@@ -122,9 +123,10 @@ def classify_tab(models: Models, roots: list[Path], startup: list[str]):
                               transforms=(), label="draw an item (pick the brush)",
                               brush=gr.Brush(default_size=10, colors=["#000000"], color_mode="fixed"),
                               elem_id="canvas")
-        seen = gr.Image(label="what the models see (28x28)", interactive=False, height=200,
+        seen = gr.Image(label="what the models see (28x28)", interactive=False, height=SHOWN_PX + 40,
                         elem_id="model-input")
-        top3 = gr.Markdown(views.top3_markdown(models.loaded, None, []), elem_id="predictions")
+        top3 = gr.Markdown(views.top3_markdown(models.loaded, None, []), elem_id="predictions",
+                           min_width=420)
     shuffle = gr.Button("New test images", elem_id="shuffle")
     tests = gr.HTML(elem_id="test-images")
     matrix = gr.Plot(label="confusion matrices (test split)", elem_id="confusion")
@@ -135,7 +137,8 @@ def classify_tab(models: Models, roots: list[Path], startup: list[str]):
 
     def on_draw(value):
         image = drawing.to_input(value, models.dataset)
-        big = None if image is None else np.asarray(Image.fromarray(image[..., 0]).resize((140, 140), 0))
+        big = None if image is None else np.asarray(Image.fromarray(image[..., 0]).resize(
+            (SHOWN_PX, SHOWN_PX), Image.Resampling.NEAREST))  # its pixels, large
         return big, predictions(image), image
 
     def test_views(message=""):
