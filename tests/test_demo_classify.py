@@ -96,6 +96,14 @@ def test_a_moved_result_folder_finds_its_checkpoint(runs, tmp_path):
     assert classify.load(tmp_path / "moved").step == 25
 
 
+def test_a_result_whose_checkpoint_lives_elsewhere(runs, tmp_path):
+    root, _ = runs
+    result = results.load(root / "single")  # train --out A --checkpoint-dir B
+    results.save(result, tmp_path)
+    assert classify.find_checkpoint(tmp_path) == Path(result.config["checkpoint_dir"])
+    assert classify.load(tmp_path).step == 25
+
+
 def test_a_folder_without_a_result_or_checkpoint(tmp_path):
     with pytest.raises(classify.LoadError, match="holds no jaxpar result"):
         classify.load(tmp_path)
@@ -152,6 +160,9 @@ def test_bad_folders_leave_the_loaded_models_alone(runs, tmp_path):
         models.load("   ")
     models.load(root / "single")  # loading again replaces, it does not duplicate
     assert len(models.loaded) == 1
+    shutil.copytree(root / "single", tmp_path / "other" / "single")  # another run of that name
+    models.load(tmp_path / "other" / "single")
+    assert [m.name.split(" ")[0] for m in models.loaded] == ["single", "other/single"]
 
 
 def test_test_images_and_confusion(runs):
@@ -184,3 +195,19 @@ def test_top3_table(runs):
     image = datalib.load(models.loaded[0].config.data, seed=0).test[0][0]
     table = views.top3_markdown(models.loaded, image, models.names)
     assert models.loaded[0].name in table and table.count("%") == 3
+
+
+def test_the_demo_downloads_nothing(monkeypatch, tmp_path):
+    """A dataset neither prepared nor on disk is refused with the command that prepares it,
+    instead of the download `train` would start."""
+    from experiments.demo.models import check_offline
+    from jaxpar import idx
+    from jaxpar.errors import DataError
+
+    monkeypatch.setenv("JAXPAR_CACHE", str(tmp_path))
+    monkeypatch.setitem(idx.SYSTEM_DIRS, "mnist", [])
+    check_offline("synthetic")
+    with pytest.raises(DataError, match="prepare-data --dataset mnist"):
+        check_offline("mnist")
+    with pytest.raises(DataError, match="downloads nothing"):
+        Models("mnist").test_split()

@@ -106,14 +106,16 @@ def test_drawn_trousers_are_classified_as_trousers(fashion_model, top, left, hei
 def test_drawn_trousers_look_like_the_datasets_trousers(fashion_model):
     """Without a model: the drawing's nearest class mean of the real test images is Trouser
     (skipped when Fashion-MNIST is not prepared on this machine)."""
+    from experiments.demo.models import check_offline
     from jaxpar import data as datalib
     from jaxpar.config import DataConfig
-    from jaxpar.idx import DataError
+    from jaxpar.errors import DataError
 
     try:
-        images, labels = datalib.load(DataConfig(val_size=0), seed=0).test
+        check_offline("fashion_mnist")  # no download from a test
     except DataError as e:
-        pytest.skip(f"Fashion-MNIST not prepared ({e}); run python -m experiments prepare-data")
+        pytest.skip(str(e))
+    images, labels = datalib.load(DataConfig(val_size=0), seed=0).test
     _, names = fashion_model
     drawn = drawing.to_input(canvas(*trousers(40, 100, 200, 20, 30)), "fashion_mnist").ravel() / 255.0
     means = np.stack([images[labels == k].reshape(-1, 784).mean(0) / 255.0 for k in range(10)])

@@ -17,7 +17,7 @@ import pandas as pd
 from PIL import Image
 
 from experiments.demo import captions, drawing, live, views
-from experiments.demo.models import BUNDLED, Models, candidates
+from experiments.demo.models import BUNDLED, Models, candidates, check_offline
 from jaxpar.data import DATASETS
 from jaxpar.errors import UserError
 from jaxpar.models import MODELS
@@ -76,6 +76,10 @@ def train_tab(runs: live.LiveRuns, dataset: str) -> None:
     def on_start(model, data, chosen, devices, steps, batch, every):
         if not chosen:
             return "Pick at least one strategy (two or more to compare)."
+        try:
+            check_offline(data)  # a run would download it otherwise
+        except UserError as e:
+            return f"**Not started:** {e}"
         run = live.RunSpec(model=model, dataset=data, strategies=tuple(chosen), devices=int(devices),
                            steps=int(steps), batch_size=int(batch), eval_every=int(every))
         return f"Started {len(chosen)} runs in `{runs.start(run)}`."
@@ -186,11 +190,13 @@ def classify_tab(models: Models, roots: list[Path], startup: list[str]):
 
 
 def figures_tab() -> None:
-    for figure in captions.figures():
+    """The study figures with their captions (`captions.figures`): the poster."""
+    figures = captions.figures()
+    for figure in figures:
         gr.Image(str(figure.path), label=figure.path.name, interactive=False, buttons=[])
         gr.Markdown(figure.caption)
-    if not captions.figures():
-        gr.Markdown("No figures in figures/.")
+    if not figures:
+        gr.Markdown("No figures in figures/: `python -m experiments figures` draws them.")
 
 
 # Selects the canvas's brush once the classify tab has drawn it: the editor starts with no

@@ -45,8 +45,9 @@ def class_names(dataset: str) -> list[str]:
 
 
 def find_checkpoint(folder: str | Path) -> Path:
-    """The checkpoint folder behind `folder`: itself, the one its result.json names
-    (`config.checkpoint_dir`), or its `checkpoint/` sub-folder (a moved result folder)."""
+    """The checkpoint folder behind `folder`: itself, its `checkpoint/` sub-folder (where the
+    demo's runs keep theirs: found wherever the folder is moved or copied), or the one its
+    result.json names (`config.checkpoint_dir`)."""
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise LoadError(f"{str(folder)!r} is not a folder; give a result folder (holding "
@@ -57,7 +58,7 @@ def find_checkpoint(folder: str | Path) -> Path:
     if result.exists():
         recorded = load_result(result).config.get("checkpoint_dir")
         if recorded:
-            candidates.insert(1, Path(recorded))
+            candidates.append(Path(recorded))
     for candidate in candidates:
         if has_checkpoint(candidate):
             return candidate
@@ -142,7 +143,8 @@ def load(folder: str | Path, dataset: str | None = None) -> Classifier:
     _check_shapes(where, ckptlib.flatten(target), flat, config)
     state = ckptlib.unflatten(target, flat)
     folder = Path(folder)
-    name = f"{folder.name} ({config.model.model}, {config.parallel.strategy}, step {meta['step']})"
+    run = folder.parent if folder.name == CHECKPOINT_SUBDIR else folder  # the run's own name
+    name = f"{run.name} ({config.model.model}, {config.parallel.strategy}, step {meta['step']})"
     return Classifier(name=name, folder=str(folder), config=config, step=int(meta["step"]),
                       graphdef=graphdef, params=state["params"], model_state=state["model_state"])
 

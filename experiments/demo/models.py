@@ -6,14 +6,19 @@ it: the state behind the classify panel (one presenter, so one state for every b
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 
 from experiments.demo import classify
 from jaxpar import data as datalib
+# At import, so in the main thread before the page serves: TFDS's lazy-import hook is
+# process-wide while TFDS imports, and breaks imports made meanwhile in Gradio's workers.
+from jaxpar import tfds_idx
 from jaxpar.config import DataConfig
-from jaxpar.errors import UserError
+from jaxpar.errors import DataError, UserError
+from jaxpar.idx import find_idx_files
 from jaxpar.results import RESULT_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,8 +34,6 @@ class Models:
     def __init__(self, dataset: str):
         self.dataset = dataset
         self.loaded: list[classify.Classifier] = []
-        # Now, not on first use: it imports TFDS, whose lazy-import hook is process-wide while
-        # it runs, and would break imports in the page's other threads (Gradio's workers).
         self.names = classify.class_names(dataset)
         self._test: tuple[np.ndarray, np.ndarray] | None = None
         self._probabilities: dict[str, np.ndarray] = {}  # model name -> [N, 10] on the test split
@@ -41,7 +44,11 @@ class Models:
         if not str(folder).strip():
             raise classify.LoadError("give a folder: a result folder or a checkpoint")
         model = classify.load(str(folder).strip(), self.dataset)
-        self.loaded = [m for m in self.loaded if m.name != model.name] + [model]
+        same = Path(model.folder).resolve()
+        self.loaded = [m for m in self.loaded if Path(m.folder).resolve() != same]  # a reload
+        if any(m.name == model.name for m in self.loaded):  # two runs of one name: say where
+            model = dataclasses.replace(model, name=f"{Path(model.folder).parent.name}/{model.name}")
+        self.loaded.append(model)
         self._probabilities.pop(model.name, None)
         return f"loaded {model.name} from {model.folder}"
 
@@ -66,6 +73,7 @@ class Models:
     def test_split(self) -> tuple[np.ndarray, np.ndarray]:
         """The dataset's test images and labels (DataError, naming prepare-data, if absent)."""
         if self._test is None:
+            check_offline(self.dataset)
             self._test = datalib.load(DataConfig(dataset=self.dataset, val_size=0), seed=SEED).test
         return self._test
 
@@ -84,6 +92,20 @@ class Models:
 
     def next_sample(self) -> None:
         self.shown += 1
+
+
+def check_offline(dataset: str) -> None:
+    """DataError unless `dataset` can be read without a download (the demo fetches nothing):
+    prepared already, or its IDX files on disk (Debian's dataset-fashion-mnist)."""
+    if dataset not in tfds_idx.BUILDERS:
+        return  # synthetic: made on the fly
+    builder = tfds_idx.BUILDERS[dataset]
+    # Where tfds_idx.prepare looks first (its fast path): the prepared dataset's metadata.
+    prepared = (Path(datalib.cache_dir(DataConfig(dataset=dataset))) / builder.name
+                / str(builder.VERSION) / "dataset_info.json")
+    if not prepared.exists() and find_idx_files(dataset, None) is None:
+        raise DataError(f"{dataset} is not on this machine, and the demo downloads nothing; prepare "
+                        f"it before the demo: python -m experiments prepare-data --dataset {dataset}")
 
 
 def _dataset_of(folder: Path) -> str | None:
