@@ -112,9 +112,27 @@ def train_tab(runs: live.LiveRuns, dataset: str) -> None:
                           show_progress="hidden")
 
 
+def evaluation_views(models: Models, message: str = "") -> tuple:
+    """(status, test images, confusion matrices) for the loaded models; the status says which
+    are loaded, or why the test split cannot be shown."""
+    loaded = ", ".join(m.name for m in models.loaded) or "none"
+    message = "\n\n".join(filter(None, [message, f"Models loaded: {loaded}."]))
+    if not models.loaded:
+        return message, "", None
+    try:
+        probs = models.probabilities()
+        images, labels = models.test_split()
+    except UserError as e:
+        return f"{message}\n\nTest images need the {models.dataset} test split: {e}", "", None
+    idx = models.sample()
+    shown = views.test_images_html(images[idx], labels[idx], {k: v[idx] for k, v in probs.items()},
+                                   models.names)
+    return message, shown, views.confusion_figure(labels, probs, models.names)
+
+
 def classify_tab(models: Models, roots: list[Path], startup: list[str]):
-    """The classify panel; returns its test views and folder-list refresh with their outputs,
-    for the page's own events (load, tab select)."""
+    """The classify panel; returns its folder-list refresh and the outputs the page's own
+    events (load, tab select) fill in."""
     with gr.Row():
         folder = gr.Dropdown([str(p) for p in candidates(roots)], value=None, allow_custom_value=True,
                              label="result folder or checkpoint (pick one or type a path)",
@@ -145,39 +163,23 @@ def classify_tab(models: Models, roots: list[Path], startup: list[str]):
             (SHOWN_PX, SHOWN_PX), Image.Resampling.NEAREST))  # its pixels, large
         return big, predictions(image), image
 
-    def test_views(message=""):
-        """(status, test images, confusion matrices) for the loaded models."""
-        loaded = ", ".join(m.name for m in models.loaded) or "none"
-        message = "\n\n".join(filter(None, [message, f"Models loaded: {loaded}."]))
-        if not models.loaded:
-            return message, "", None
-        try:
-            probs = models.probabilities()
-            images, labels = models.test_split()
-        except UserError as e:
-            return f"{message}\n\nTest images need the {models.dataset} test split: {e}", "", None
-        idx = models.sample()
-        shown = views.test_images_html(images[idx], labels[idx], {k: v[idx] for k, v in probs.items()},
-                                       models.names)
-        return message, shown, views.confusion_figure(labels, probs, models.names)
-
     def on_load(path, image):
         try:
             message = models.load(path)
         except UserError as e:
             return f"**Not loaded:** {e}", gr.skip(), gr.skip(), gr.skip()
-        return (*test_views(message), predictions(image))
+        return (*evaluation_views(models, message), predictions(image))
 
     def on_clear():
         models.clear()
-        return (*test_views("All models unloaded."), predictions(None))
+        return (*evaluation_views(models, "All models unloaded."), predictions(None))
 
     def folders():
         return gr.update(choices=[str(p) for p in candidates(roots)])
 
     def on_shuffle():
         models.next_sample()
-        return test_views()
+        return evaluation_views(models)
 
     canvas.change(on_draw, canvas, [seen, top3, drawn], show_progress="hidden",
                   trigger_mode="always_last")
@@ -186,7 +188,7 @@ def classify_tab(models: Models, roots: list[Path], startup: list[str]):
     refresh.click(folders, None, folder)
     clear.click(on_clear, None, [status, tests, matrix, top3])
     shuffle.click(on_shuffle, None, [status, tests, matrix])
-    return test_views, folders, (status, tests, matrix, folder)
+    return folders, (status, tests, matrix, folder)
 
 
 def figures_tab() -> None:
@@ -223,10 +225,10 @@ def build(dataset: str, runs_root: str | Path, preload: list[str] | None) -> tup
             with gr.Tab("Train live", elem_id="tab-train"):
                 train_tab(runs, dataset)
             with gr.Tab("Classify", elem_id="tab-classify") as tab:
-                test_views, folders, (status, tests, matrix, folder) = classify_tab(models, roots, startup)
+                folders, (status, tests, matrix, folder) = classify_tab(models, roots, startup)
             with gr.Tab("Figures", elem_id="tab-figures"):
                 figures_tab()
         tab.select(folders, None, folder, js=PICK_BRUSH)  # runs finished since: in the list
-        app.load(lambda: test_views("\n\n".join(startup)), None, [status, tests, matrix])
+        app.load(lambda: evaluation_views(models, "\n\n".join(startup)), None, [status, tests, matrix])
     return app, runs
 
