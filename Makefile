@@ -1,6 +1,7 @@
 # The two commands of README.md. Each does all set-up on a fresh machine:
 #   make run    train the default CNN on real Fashion-MNIST (creates .venv, installs, prepares data)
-#   make test   run the test suite (creates .venv, installs the test and mpi extras)
+#   make test   run the test suite (creates .venv, installs the test, mpi and demo extras
+#               and, as root, Debian's chromium for the demo's browser test)
 # ARGS passes options through: make run ARGS="--model mlp --epochs 5"
 
 PYTHON ?= python3
@@ -9,7 +10,7 @@ PY     := $(VENV)/bin/python
 ARGS   ?=
 DEBIAN_FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: run test data install clean
+.PHONY: run test data install browser clean
 
 $(VENV)/.installed-%: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "jaxpar needs Python >= 3.11 (set PYTHON=python3.11)"'
@@ -44,8 +45,28 @@ $(VENV)/.mpi-installed: $(VENV)/.installed-test
 	  $(PY) -m pip install -q --no-cache-dir --no-build-isolation mpi4jax
 	@touch $@
 
+# The `demo` extra (Gradio, selenium) for the demo's tests, beside the test extra (which
+# `make run` shares, so the demo stays out of it).
+$(VENV)/.demo-installed: $(VENV)/.installed-test
+	$(PY) -m pip install -q -e '.[demo]'
+	@touch $@
+
+# The demo's browser test drives Debian's chromium with its chromedriver: installed when we
+# may (root, apt-get), else that test is skipped and says how to install them.
+browser:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's chromium and chromium-driver (the demo's browser test)"; \
+	    (DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+	     (apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null 2>&1)) || \
+	    echo "apt-get could not install chromium; the browser test will be skipped"; \
+	  else \
+	    echo "no chromium/chromedriver: the browser test will be skipped (sudo apt-get install chromium chromium-driver)"; \
+	  fi; \
+	fi
+
 MPI_RANKS ?= 2
-test: install $(VENV)/.mpi-installed
+test: install $(VENV)/.mpi-installed $(VENV)/.demo-installed browser
 	$(PY) -m pytest -q $(ARGS)
 	JAX_PLATFORMS=cpu JAXPAR_EXPECT_RANKS=$(MPI_RANKS) timeout 600 \
 	  $(VENV)/bin/mpiexec -n $(MPI_RANKS) $(PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi

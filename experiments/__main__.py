@@ -15,7 +15,7 @@ import time
 import jax
 from rich.console import Console
 
-from experiments import (batch_size, figures, hparam, pipeline_study, scaling, strategies,
+from experiments import (batch_size, demo, figures, hparam, pipeline_study, scaling, strategies,
                          time_to_accuracy)
 from experiments import report as docs_report  # not `report`: jaxpar.bench's printout
 from experiments.cli import BENCH, build_parser, config_from_args, options_from_args
@@ -41,7 +41,14 @@ COMMANDS = {
                "options": docs_report.ReportOptions},
     "prepare-data": {"help": "prepare a dataset ahead of time (for offline machines and clusters)",
                      "config": {"dataset", "data_dir", "cache_dir"}},
+    "demo": {"help": "local web page: train strategies live side by side, classify drawings with "
+                     "the trained models, the study figures (needs the `demo` extra)", "config": False,
+             "options": demo.DemoOptions},
 }
+
+# Commands that are not runs or studies: (module, its options dataclass).
+TOOLS = {"figures": (figures, figures.FiguresOptions), "report": (docs_report, docs_report.ReportOptions),
+         "demo": (demo, demo.DemoOptions)}
 
 # Errors a user can fix: print the message alone (no traceback) and exit non-zero.
 EXIT_USAGE = 2
@@ -58,10 +65,9 @@ def run(argv: list[str]) -> int:
             study = STUDIES[args.command]
             config = options_from_args(args, study.quick if args.quick else study.config())
             return 0 if study.run(config) is not None else 1
-        if args.command in ("figures", "report"):
-            tool, options = ((figures, figures.FiguresOptions()) if args.command == "figures"
-                             else (docs_report, docs_report.ReportOptions()))
-            return 0 if tool.run(options_from_args(args, options)) is not None else 1
+        if args.command in TOOLS:  # figures, report, demo: options, then their run()
+            tool, options = TOOLS[args.command]
+            return 0 if tool.run(options_from_args(args, options())) is not None else 1
         return _dispatch(args, Console(stderr=False))
     except Interrupted as e:  # SIGTERM / Ctrl-C after saving a checkpoint
         print(str(e), file=sys.stderr)

@@ -36,7 +36,7 @@ FORMAT = "jaxpar-checkpoint-v1"
 # Options that may change between a run and its resume: where and how it is placed
 # (the point of reference-layout checkpoints), and bookkeeping that does not touch the
 # numbers. Everything else (data, model, optimizer, seed, length) fixes the trajectory.
-RESUMABLE = {"parallel", "out", "progress", "eval_every", "checkpoint_dir", "checkpoint_every",
+RESUMABLE = {"parallel", "out", "progress", "events", "eval_every", "checkpoint_dir", "checkpoint_every",
              "resume", "data.data_dir", "data.cache_dir", "data.eval_batch_size"}
 
 

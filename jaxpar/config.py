@@ -98,6 +98,9 @@ class TrainConfig:
     checkpoint_dir: str | None = _opt(None, "save orbax checkpoints here (reference layout: resumable under any strategy or mesh)")
     checkpoint_every: int | None = _opt(None, "checkpoint every N steps (default: only at the end, on SIGTERM and on Ctrl-C)", valid=AT_LEAST_1)
     resume: bool = _opt(False, "continue from the latest complete checkpoint in --checkpoint-dir")
+    # A file, not stdout: the progress bar and errors stay readable, and a reader (the demo)
+    # follows one process's records without parsing terminal output.
+    events: str | None = _opt(None, "append one JSON object per line to this file: a start record (compile time, collective bytes, memory per device), one per logged step, one per validation and an end record (result path)")
 
 
 SECTIONS = ("data", "model", "optim", "parallel")

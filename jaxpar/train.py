@@ -26,6 +26,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -33,12 +34,13 @@ import jax.numpy as jnp
 
 from jaxpar import checkpoint as ckptlib
 from jaxpar import data as datalib
+from jaxpar import events
 from jaxpar.config import TrainConfig, to_dict
 from jaxpar.errors import ConfigError, Diverged
 from jaxpar.models import make_model
 from jaxpar.optim import make_optimizer
 from jaxpar.parallel import STRATEGIES
-from jaxpar.results import RunResult, capture_provenance, environment
+from jaxpar.results import RESULT_FILE, RunResult, capture_provenance, environment
 from jaxpar.step import SUMS, summarize
 from jaxpar import validate as validation  # (validate() below records a validation)
 
@@ -170,17 +172,29 @@ def fit(config: TrainConfig, console=None) -> Outcome:
     capture_provenance(config.data)  # the revision and data this run starts from
     run, loop = set_up(config, console)
     compiled = compile_programs(run, loop.state)
+    events.log(config.events, "start", step=loop.step, total_steps=run.total_steps,
+               batch_size=config.data.batch_size, strategy=run.strategy.describe(), **compiled)
     try:
         loop_epochs(run, loop)
         if run.ckpt is not None and run.ckpt.last_saved != loop.step:
             save(run, loop)
     except Diverged as stop:
         stop.result = diverged_result(run, loop, compiled, wall_start, stop)
+        events.log(config.events, "end", status="diverged", metrics=stop.result.metrics,
+                   message=str(stop), result=_result_path(config))
         raise
     finally:
         if run.ckpt is not None:
             run.ckpt.close()  # waits for the asynchronous writes (the good ones, on divergence)
-    return Outcome(make_result(run, loop, compiled, wall_start), run.strategy, loop.state)
+    result = make_result(run, loop, compiled, wall_start)
+    events.log(config.events, "end", status="completed", metrics=result.metrics,
+               result=_result_path(config))
+    return Outcome(result, run.strategy, loop.state)
+
+
+def _result_path(config: TrainConfig) -> str | None:
+    """Where the caller writes the result (`--out`), for the "end" record."""
+    return str(Path(config.out) / RESULT_FILE) if config.out else None
 
 
 def loop_epochs(run: Run, loop: LoopState) -> None:
@@ -291,6 +305,9 @@ def log_steps(run: Run, loop: LoopState, epoch: int, show: Callable[..., Any]) -
     ips = run.config.data.batch_size / statistics.median(loop.step_times[-50:])
     show(completed=loop.step, epoch=epoch + 1, loss=loop.last["loss"], acc=loop.last["accuracy"],
          ips=ips)
+    events.log(run.config.events, "step", step=loop.step, epoch=epoch + 1, loss=loop.last["loss"],
+               accuracy=loop.last["accuracy"], images_per_sec=ips,
+               step_ms=1000 * run.config.data.batch_size / ips)
 
 
 def drain(run: Run, loop: LoopState) -> None:
@@ -324,6 +341,7 @@ def validate(run: Run, loop: LoopState, epoch: int) -> None:
               "train_accuracy": last["accuracy"], "val_loss": val["loss"],
               "val_accuracy": val["accuracy"], "train_s": loop.train_s}
     loop.history.append(record)
+    events.log(run.config.events, "validation", **record)
     if console is not None:
         console.print(f"epoch {epoch + 1:>3}  step {loop.step:>6}  train loss {last['loss']:.4f}  "
                       f"val loss {val['loss']:.4f}  val acc {val['accuracy']:.4f}")
