@@ -77,7 +77,7 @@ def test_the_demo_serves_beside_a_busy_port_with_bad_folders_to_load(tmp_path):
     with listening() as busy:
         port = busy.getsockname()[1]
         with demo_server(tmp_path, "--port", str(port), "--dataset", "synthetic",
-                         "--load", str(tmp_path), str(tmp_path / "nowhere")) as server:
+                         "--load", f"{tmp_path},{tmp_path / 'nowhere'}") as server:
             assert f"port {port} on 127.0.0.1 is in use; serving on" in server.output
             assert not server.url.endswith(f":{port}/")
             page = urllib.request.urlopen(server.url, timeout=30).read().decode()

@@ -1,7 +1,7 @@
 """`python -m experiments demo`: a local web page that trains strategies live side by side,
 classifies with the trained models (a drawing canvas included) and shows the study figures.
 
-    python -m experiments demo [--port 7860] [--dataset fashion_mnist] [--load FOLDER ...]
+    python -m experiments demo [--port 7860] [--dataset fashion_mnist] [--load FOLDER,...]
 
 Needs the optional `demo` extra (`pip install -e '.[demo]'`, Gradio). Served on 127.0.0.1
 only unless --host says otherwise; nothing is fetched from the internet (Gradio's analytics
