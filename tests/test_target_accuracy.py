@@ -46,8 +46,8 @@ def test_budget_ending_first_is_not_reaching_it():
 
 
 @pytest.mark.parametrize("flags,needle", [
-    (["--target-accuracy", "1.5"], "--target-accuracy is a fraction in (0, 1]"),
-    (["--target-accuracy", "0"], "--target-accuracy is a fraction in (0, 1]"),
+    (["--target-accuracy", "1.5"], "--target-accuracy 1.5 is not valid: it must be a fraction in (0, 1]"),
+    (["--target-accuracy", "0"], "--target-accuracy 0.0 is not valid: it must be a fraction in (0, 1]"),
     (["--target-accuracy", "0.8", "--val-size", "0"], "--val-size > 0")])
 def test_bad_target_exits_2_with_the_rule_and_writes_nothing(tmp_path, capsys, flags, needle):
     from experiments.__main__ import run

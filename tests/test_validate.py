@@ -62,7 +62,7 @@ def test_options_that_do_not_apply_are_refused_not_ignored(options, says):
     (dict(strategy="pipeline", model="stack-mlp", devices=2, microbatches=3), "--microbatches 3"),
     (dict(strategy="layer-split", model="stack-mlp", depth=6), "--depth 6"),
     (dict(strategy="hybrid", model="stack-mlp", width=255, mesh="data=2,tensor=2,stage=2"), "--width 255"),
-    (dict(strategy="tensor", model="stack-mlp", width=100), "--width 100 does not split over tensor=8"),
+    (dict(strategy="tensor", model="stack-mlp", width=100), "--width 100 is not divisible by tensor=8"),
     (dict(strategy="local-sgd", batch_size=100), "divisible by the 8 replicas"),
     (dict(strategy="single", mesh="data=2"), "runs on one device"),
     (dict(strategy="pipeline", model="stack-mlp", mesh="data=2,stage=4"), "drop data from --mesh"),
