@@ -38,6 +38,7 @@ class ModelConfig:
     width: int | None = _opt(None, "hidden width (mlp, stack-mlp) or model dimension (vit)")
     activation: str | None = _opt(None, "relu | sigmoid | tanh (mlp, stack-mlp)")
     batch_norm: bool | None = _opt(None, "batch norm after each conv (cnn)")
+    conv_impl: str | None = _opt(None, "auto | xla | matmul: how convolutions and pooling are computed (cnn, resnet; default auto: matmul on CPU, xla elsewhere)")
 
 
 @dataclass(frozen=True)

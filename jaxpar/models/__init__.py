@@ -14,6 +14,7 @@ import jax
 from flax import nnx
 
 from jaxpar.models.cnn import CNN
+from jaxpar.models.layers import CONV_IMPLS
 from jaxpar.models.mlp import ACTIVATIONS, MLP
 from jaxpar.models.resnet import ResNet
 from jaxpar.models.stack_mlp import StackMLP
@@ -28,7 +29,7 @@ MODELS: dict[str, type[nnx.Module]] = {
 }
 
 # The options that make_model forwards; which model takes which is read from signatures.
-OPTIONS = ("depth", "width", "activation", "batch_norm")
+OPTIONS = ("depth", "width", "activation", "batch_norm", "conv_impl")
 
 
 def takes(name: str) -> set[str]:
@@ -39,12 +40,13 @@ def takes(name: str) -> set[str]:
 
 def make_model(name: str, *, seed: int, depth: int | None = None, width: int | None = None,
                activation: str | None = None, batch_norm: bool | None = None,
-               num_classes: int = 10) -> nnx.Module:
+               conv_impl: str | None = None, num_classes: int = 10) -> nnx.Module:
     """Build model `name` with parameters from `nnx.Rngs(seed)`; None means its default."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choices are: {', '.join(MODELS)}")
     given = {k: v for k, v in dict(depth=depth, width=width, activation=activation,
-                                    batch_norm=batch_norm).items() if v is not None}
+                                    batch_norm=batch_norm, conv_impl=conv_impl).items()
+             if v is not None}
     for option in given.keys() - takes(name):
         users = [m for m in MODELS if option in takes(m)]
         raise ValueError(f"model {name!r} does not take {option}; "
@@ -57,5 +59,5 @@ def param_count(model: nnx.Module) -> int:
     return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
-__all__ = ["ACTIVATIONS", "MODELS", "OPTIONS", "CNN", "MLP", "ResNet", "StackMLP", "ViT",
+__all__ = ["ACTIVATIONS", "CONV_IMPLS", "MODELS", "OPTIONS", "CNN", "MLP", "ResNet", "StackMLP", "ViT",
            "make_model", "param_count", "takes"]
