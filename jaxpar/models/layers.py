@@ -7,24 +7,34 @@
 backend, "xla" elsewhere, resolved from `jax.default_backend()` when the model is built. Only the
 computation changes, never the parameters: checkpoints load under either.
 
-What XLA:CPU (JAX 0.10) runs slowly, and the replacement, measured on the default CNN's step:
-- 2x2 max-pooling's gradient (`select_and_scatter`) took more CPU time than the rest of the
-  step together. Here the pool is a reshape to [N, H/2, 2, W/2, 2, C] reduced over the window
-  axes, and it records which of the four inputs won (int8); the gradient is a select on that
-  index, one elementwise pass. Ties go to the first maximum in the window, as lax's do, so the
-  gradients equal lax's exactly, ties included.
-- A convolution with one input channel (the stem on grayscale images) is a 9-FLOP-per-output
-  problem that lax runs as a convolution; here it is nine shifted multiply-adds (one
-  elementwise fusion) and its kernel gradient is one [9, N*H*W] @ [N*H*W, C_out] matmul.
+What XLA:CPU (JAX 0.10) runs slowly, and the replacement. Measured as process CPU time per
+step of the default CNN (batch 128, Adam), interleaved in one process; the machine was shared,
+so wall times were inflated and noisy while CPU times repeated within a few percent:
+xla 137 ms, cpu 34 ms.
+- 2x2 max-pooling's gradient (`select_and_scatter`) cost more than the rest of the step
+  together. Here the pool is a reshape to [N, H/2, 2, W/2, 2, C] reduced over the window axes
+  that records which of the four inputs won (int8), and the gradient is one select on that
+  index. Ties go to the first maximum of the window, as lax's do, so the gradients equal lax's
+  exactly, ties included.
+- A convolution of a one-channel input (the stem on grayscale images: 9 multiply-adds per
+  output) runs slowly as a lax convolution (52 ms with lax's stem instead of 34 ms). Here it
+  is nine shifted multiply-adds, one elementwise fusion, and its kernel gradient is one
+  [9, N*H*W] @ [N*H*W, C_out] matmul.
 - A 1x1 convolution (ResNet's strided projections) is a strided slice and a matmul.
-Everything else (3x3 convolutions with many input channels, strided or not) stays lax's: XLA:CPU
-runs those through YNNPACK near the measured matmul peak, and every rewrite tried lost:
-- im2col for every layer (nine shifted slices concatenated on the channel axis, one matmul;
-  the issue's starting point): 15-20% slower on the CNN step, 6x slower on ResNet's
-  16-channel 28x28 convs (the concatenation and its transpose dominate);
-- lax forward with an im2col-matmul or nine-matmul kernel gradient: slower than lax's;
-- plain autodiff through the reshape pool (ties share the gradient): as fast as the
-  index-recording pool but differs from lax on ties, so the index version is kept.
+Everything else stays lax's: XLA:CPU runs 3x3 convolutions with several input channels through
+YNNPACK near the measured matmul peak, and each rewrite tried lost (CPU time):
+- im2col for every convolution (nine shifted slices concatenated on the channel axis, one
+  matmul: the issue's starting point): the CNN step took 1.2x (wall, quiet machine) to 2.6x
+  (CPU, busy machine) as long; ResNet's 16-channel 28x28 convolutions with their gradients
+  6x (the concatenation dominates);
+- a kernel gradient as nine tap matmuls, or as an im2col matmul, under lax's forward:
+  1.1-5x lax's own kernel gradient at every shape of the CNN and ResNet-8;
+- the pooling gradient as four interior-padded `lax.pad`s: twice as fast alone, 1.7x slower
+  inside the step (it fuses worse with the ReLU and the convolution around it);
+- plain autodiff through the reshape-max (ties share the gradient): no faster than the
+  index, and unlike lax on ties.
+ResNet-8 gains nothing (its time is lax's kernel-gradient convolutions and the transposes of
+their inputs, and batch norm); batch norm costs the CNN ~27 ms of the 61 ms step.
 """
 
 from __future__ import annotations
