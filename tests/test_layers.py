@@ -57,10 +57,10 @@ def test_conv_equals_lax(size, kernel, cin, cout, stride, padding):
 ], ids=["3x3", "grouped-dilated"])
 def test_other_convs_are_lax_s(kwargs):
     x, w = normal(2, 9, 7, 4, seed=1), normal(3, 3, 4 // kwargs.get("feature_group_count", 1), 4)
-    for stride in (1, 2):
+    for strides in ((1, 1), (2, 2)):
         np.testing.assert_array_equal(
-            layers.cpu_conv(x, w, (stride, stride), "SAME", dimension_numbers=DN, **kwargs),
-            lax.conv_general_dilated(x, w, (stride, stride), "SAME", dimension_numbers=DN, **kwargs))
+            layers.cpu_conv(x, w, strides, "SAME", dimension_numbers=DN, **kwargs),
+            lax.conv_general_dilated(x, w, strides, "SAME", dimension_numbers=DN, **kwargs))
 
 
 @pytest.mark.parametrize("size", [(8, 8), (9, 7), (28, 28)])
@@ -97,7 +97,8 @@ def test_unknown_conv_impl_names_the_choices():
 def model_grads(name, conv_impl, **kwargs):
     """(params, model_state) and (train-mode grads and new model_state, eval logits) of a batch."""
     # 'rbg' keys: several times cheaper to compile than threefry (see test_models.py).
-    model = MODELS[name](conv_impl=conv_impl, **kwargs, rngs=nnx.Rngs(jax.random.key(0, impl="rbg")))
+    rngs = nnx.Rngs(jax.random.key(0, impl="rbg"))
+    model = MODELS[name](conv_impl=conv_impl, **kwargs, rngs=rngs)
     graphdef, params, model_state = steplib.split_model(model)
     (batch,) = eq.batches(8, 1)
 

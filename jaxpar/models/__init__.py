@@ -59,5 +59,5 @@ def param_count(model: nnx.Module) -> int:
     return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
-__all__ = ["ACTIVATIONS", "CONV_IMPLS", "MODELS", "OPTIONS", "CNN", "MLP", "ResNet", "StackMLP", "ViT",
-           "make_model", "param_count", "takes"]
+__all__ = ["ACTIVATIONS", "CONV_IMPLS", "MODELS", "OPTIONS", "CNN", "MLP", "ResNet", "StackMLP",
+           "ViT", "make_model", "param_count", "takes"]
