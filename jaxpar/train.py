@@ -37,7 +37,7 @@ from jaxpar import data as datalib
 from jaxpar import events
 from jaxpar.config import TrainConfig, to_dict
 from jaxpar.errors import ConfigError, Diverged
-from jaxpar.models import make_model
+from jaxpar import models
 from jaxpar.optim import make_optimizer
 from jaxpar.parallel import STRATEGIES
 from jaxpar.results import RESULT_FILE, RunResult, capture_provenance, environment
@@ -62,9 +62,7 @@ def make_strategy(config: TrainConfig):
 
 def build_model(config: TrainConfig):
     """The model `config` describes, its parameters seeded by `config.seed`."""
-    m = config.model
-    return make_model(m.model, seed=config.seed, depth=m.depth, width=m.width,
-                      activation=m.activation, batch_norm=m.batch_norm)
+    return models.from_config(config.model, config.seed)
 
 
 def evaluate(strategy, state, split, batch_size: int) -> dict[str, float]:

@@ -24,7 +24,7 @@ from jaxpar.data import DATASETS
 from jaxpar.distributed import MODES
 from jaxpar.errors import ConfigError, MeshError
 from jaxpar import measure
-from jaxpar.models import ACTIVATIONS, MODELS, OPTIONS, abstract_model, takes
+from jaxpar.models import ACTIVATIONS, CONV_IMPLS, MODELS, OPTIONS, abstract_model, takes
 from jaxpar.optim import OPTIMIZERS, SCHEDULES
 from jaxpar.parallel import STRATEGIES
 from jaxpar.parallel.schedules import SCHEDULES as PIPELINE_SCHEDULES
@@ -33,7 +33,7 @@ from jaxpar.parallel.schedules import SCHEDULES as PIPELINE_SCHEDULES
 CHOICES: dict[str, tuple[str, ...]] = {
     "dataset": DATASETS, "model": tuple(MODELS), "strategy": tuple(STRATEGIES),
     "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES, "activation": tuple(ACTIVATIONS),
-    "schedule": tuple(PIPELINE_SCHEDULES), "distributed": MODES,
+    "schedule": tuple(PIPELINE_SCHEDULES), "distributed": MODES, "conv_impl": CONV_IMPLS,
 }
 
 

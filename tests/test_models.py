@@ -116,6 +116,7 @@ def test_unknown_activation_lists_choices(name):
     ("vit", "activation", "tanh", "mlp, stack-mlp"),
     ("mlp", "batch_norm", False, "cnn"),  # an explicit False is still "given"
     ("cnn", "depth", 2, "mlp, resnet, stack-mlp, vit"),
+    ("vit", "conv_impl", "xla", "cnn, resnet"),
 ])
 def test_unused_explicit_option_rejected(name, option, value, users):
     with pytest.raises(ValueError, match=f"{option}.*{users}"):

@@ -14,6 +14,7 @@ import jax
 from flax import nnx
 
 from jaxpar.models.cnn import CNN
+from jaxpar.models.layers import CONV_IMPLS
 from jaxpar.models.mlp import ACTIVATIONS, MLP
 from jaxpar.models.resnet import ResNet
 from jaxpar.models.stack_mlp import StackMLP
@@ -28,7 +29,7 @@ MODELS: dict[str, type[nnx.Module]] = {
 }
 
 # The options that make_model forwards; which model takes which is read from signatures.
-OPTIONS = ("depth", "width", "activation", "batch_norm")
+OPTIONS = ("depth", "width", "activation", "batch_norm", "conv_impl")
 
 
 def takes(name: str) -> set[str]:
@@ -46,12 +47,13 @@ def option_value(name: str, option: str, given=None):
 
 def make_model(name: str, *, seed: int, depth: int | None = None, width: int | None = None,
                activation: str | None = None, batch_norm: bool | None = None,
-               num_classes: int = 10) -> nnx.Module:
+               conv_impl: str | None = None, num_classes: int = 10) -> nnx.Module:
     """Build model `name` with parameters from `nnx.Rngs(seed)`; None means its default."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choices are: {', '.join(MODELS)}")
     given = {k: v for k, v in dict(depth=depth, width=width, activation=activation,
-                                    batch_norm=batch_norm).items() if v is not None}
+                                    batch_norm=batch_norm, conv_impl=conv_impl).items()
+             if v is not None}
     for option in given.keys() - takes(name):
         users = [m for m in MODELS if option in takes(m)]
         raise ValueError(f"model {name!r} does not take {option}; "
@@ -59,11 +61,15 @@ def make_model(name: str, *, seed: int, depth: int | None = None, width: int | N
     return MODELS[name](**given, num_classes=num_classes, rngs=nnx.Rngs(seed))
 
 
+def from_config(cfg, seed: int) -> nnx.Module:
+    """The model a ModelConfig `cfg` describes (its OPTIONS fields; None: the model's default)."""
+    return make_model(cfg.model, seed=seed, **{option: getattr(cfg, option) for option in OPTIONS})
+
+
 def abstract_model(cfg) -> nnx.Module:
-    """The model a ModelConfig `cfg` describes, with shapes only (`nnx.eval_shape`: nothing is
-    allocated), for checks before any work."""
-    return nnx.eval_shape(lambda: make_model(cfg.model, seed=0, depth=cfg.depth, width=cfg.width,
-                                             activation=cfg.activation, batch_norm=cfg.batch_norm))
+    """`from_config` with shapes only (`nnx.eval_shape`: nothing is allocated), for checks
+    before any work."""
+    return nnx.eval_shape(lambda: from_config(cfg, seed=0))
 
 
 def param_count(model: nnx.Module) -> int:
@@ -71,5 +77,5 @@ def param_count(model: nnx.Module) -> int:
     return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
-__all__ = ["ACTIVATIONS", "MODELS", "OPTIONS", "CNN", "MLP", "ResNet", "StackMLP", "ViT",
-           "abstract_model", "make_model", "option_value", "param_count", "takes"]
+__all__ = ["ACTIVATIONS", "CONV_IMPLS", "MODELS", "OPTIONS", "CNN", "MLP", "ResNet", "StackMLP",
+           "ViT", "abstract_model", "from_config", "make_model", "option_value", "param_count", "takes"]

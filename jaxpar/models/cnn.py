@@ -3,12 +3,17 @@
 conv3x3(32) -> ReLU -> maxpool2 -> conv3x3(64) -> ReLU -> maxpool2 -> Linear(128) -> ReLU
 -> Linear(10), SAME padding so 28 -> 14 -> 7. With `batch_norm=True` a BatchNorm follows
 each conv (before the ReLU), and the convs drop their bias since BN's shift replaces it.
+`conv_impl` picks how convolutions and pooling are computed (layers.py), not what.
 """
 
 from __future__ import annotations
 
+import functools
+
 import jax
 from flax import nnx
+
+from jaxpar.models import layers
 
 # Flax's default BN momentum (0.99) lets running statistics lag far behind the weights in
 # runs of a few thousand steps; 0.9 (PyTorch's 0.1) makes eval-mode accuracy trustworthy.
@@ -18,10 +23,15 @@ BN_MOMENTUM = 0.9
 class CNN(nnx.Module):
     """Two conv/pool stages and a two-layer head; 421,642 parameters without BN."""
 
-    def __init__(self, *, batch_norm: bool = False, num_classes: int = 10, rngs: nnx.Rngs):
+    def __init__(self, *, batch_norm: bool = False, conv_impl: str = "auto",
+                 num_classes: int = 10, rngs: nnx.Rngs):
         self.batch_norm = batch_norm
-        self.conv1 = nnx.Conv(1, 32, (3, 3), padding="SAME", use_bias=not batch_norm, rngs=rngs)
-        self.conv2 = nnx.Conv(32, 64, (3, 3), padding="SAME", use_bias=not batch_norm, rngs=rngs)
+        impl = layers.resolve(conv_impl)
+        conv = functools.partial(nnx.Conv, padding="SAME", use_bias=not batch_norm,
+                                 conv_general_dilated=layers.CONV[impl], rngs=rngs)
+        self.conv1 = conv(1, 32, (3, 3))
+        self.conv2 = conv(32, 64, (3, 3))
+        self.pool = layers.POOL[impl]
         if batch_norm:
             self.bn1 = nnx.BatchNorm(32, momentum=BN_MOMENTUM, rngs=rngs)
             self.bn2 = nnx.BatchNorm(64, momentum=BN_MOMENTUM, rngs=rngs)
@@ -33,10 +43,10 @@ class CNN(nnx.Module):
         x = self.conv1(x)
         if self.batch_norm:
             x = self.bn1(x, use_running_average=not train)
-        x = nnx.max_pool(nnx.relu(x), (2, 2), strides=(2, 2))
+        x = self.pool(nnx.relu(x))
         x = self.conv2(x)
         if self.batch_norm:
             x = self.bn2(x, use_running_average=not train)
-        x = nnx.max_pool(nnx.relu(x), (2, 2), strides=(2, 2))
+        x = self.pool(nnx.relu(x))
         x = x.reshape(x.shape[0], -1)
         return self.fc2(nnx.relu(self.fc1(x)))

@@ -3,7 +3,8 @@
 Stem conv3x3(16)+BN+ReLU, three stages of `depth` (= n) basic blocks with 16, 32, 64
 channels (28 -> 14 -> 7; stride 2 at the start of stages 2 and 3, where the shortcut is a
 1x1 strided projection conv + BN, option B of the paper), global average pool, Linear.
-depth=1 is ResNet-8, depth=3 ResNet-20.
+depth=1 is ResNet-8, depth=3 ResNet-20. `conv_impl` picks how convolutions are computed
+(layers.py), not what.
 """
 
 from __future__ import annotations
@@ -11,25 +12,26 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
+from jaxpar.models import layers
 from jaxpar.models.cnn import BN_MOMENTUM
 
 
-def _conv_bn(cin: int, cout: int, kernel: int, stride: int, rngs: nnx.Rngs):
+def _conv_bn(cin: int, cout: int, kernel: int, stride: int, impl: str, rngs: nnx.Rngs):
     # Convs feeding BN carry no bias: BN's shift makes it redundant.
     conv = nnx.Conv(cin, cout, (kernel, kernel), strides=(stride, stride), padding="SAME",
-                    use_bias=False, rngs=rngs)
+                    use_bias=False, conv_general_dilated=layers.CONV[impl], rngs=rngs)
     return conv, nnx.BatchNorm(cout, momentum=BN_MOMENTUM, rngs=rngs)
 
 
 class BasicBlock(nnx.Module):
     """conv3x3-BN-ReLU-conv3x3-BN plus shortcut, then ReLU."""
 
-    def __init__(self, cin: int, cout: int, stride: int, *, rngs: nnx.Rngs):
-        self.conv1, self.bn1 = _conv_bn(cin, cout, 3, stride, rngs)
-        self.conv2, self.bn2 = _conv_bn(cout, cout, 3, 1, rngs)
+    def __init__(self, cin: int, cout: int, stride: int, *, impl: str, rngs: nnx.Rngs):
+        self.conv1, self.bn1 = _conv_bn(cin, cout, 3, stride, impl, rngs)
+        self.conv2, self.bn2 = _conv_bn(cout, cout, 3, 1, impl, rngs)
         self.project = stride != 1 or cin != cout
         if self.project:
-            self.proj_conv, self.proj_bn = _conv_bn(cin, cout, 1, stride, rngs)
+            self.proj_conv, self.proj_bn = _conv_bn(cin, cout, 1, stride, impl, rngs)
 
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
         ura = not train
@@ -42,15 +44,17 @@ class BasicBlock(nnx.Module):
 class ResNet(nnx.Module):
     """ResNet-(6*depth+2) with widths 16/32/64; always batch-normalised."""
 
-    def __init__(self, *, depth: int = 1, num_classes: int = 10, rngs: nnx.Rngs):
+    def __init__(self, *, depth: int = 1, conv_impl: str = "auto", num_classes: int = 10,
+                 rngs: nnx.Rngs):
         if depth < 1:
             raise ValueError(f"depth (blocks per stage) must be >= 1, got {depth}")
-        self.stem_conv, self.stem_bn = _conv_bn(1, 16, 3, 1, rngs)
+        impl = layers.resolve(conv_impl)
+        self.stem_conv, self.stem_bn = _conv_bn(1, 16, 3, 1, impl, rngs)
         blocks, cin = [], 16
         for stage, cout in enumerate((16, 32, 64)):
             for i in range(depth):
                 stride = 2 if stage > 0 and i == 0 else 1
-                blocks.append(BasicBlock(cin, cout, stride, rngs=rngs))
+                blocks.append(BasicBlock(cin, cout, stride, impl=impl, rngs=rngs))
                 cin = cout
         self.blocks = nnx.List(blocks)
         self.head = nnx.Linear(64, num_classes, rngs=rngs)
