@@ -1,7 +1,7 @@
-"""`dp-shard-map` equals `single` by the equivalence protocol; its all-reduce equals theory.
+"""`dp-shard-map`: its all-reduce equals theory, the protocol catches the shard_map gotcha
+(a gradient N times too large), and hundreds of steps do not deadlock.
 
-On several meshes, optimizers, uneven batches and accumulation; the protocol catches the
-shard_map gotcha (a gradient N times too large); hundreds of steps do not deadlock."""
+The equivalence protocol for every data-parallel strategy is in test_dp_common.py."""
 
 import jax
 import numpy as np
@@ -17,36 +17,6 @@ from jaxpar.parallel.dp_shard_map import DPShardMap
 from jaxpar.train import fit
 
 NAME = "dp-shard-map"
-
-
-@requires_devices(8)
-@pytest.mark.parametrize("optimizer", ["sgd", "momentum"])
-def test_equals_single_on_8_devices(optimizer):
-    got = eq.run(eq.config(strategy=NAME, optimizer=optimizer), steps=5, devices=8)
-    eq.assert_equivalent(eq.reference(optimizer), got)
-
-
-@pytest.mark.parametrize("devices", [2, 4])
-def test_equals_single_on_smaller_meshes(devices):
-    eq.assert_equivalent(eq.reference(), eq.run(eq.config(strategy=NAME), steps=5, devices=devices))
-
-
-@requires_devices(8)
-def test_adam_equals_single_at_stated_tolerance():
-    got = eq.run(eq.config(strategy=NAME, optimizer="adam", lr=1e-3), steps=5, devices=8)
-    eq.assert_equivalent(eq.reference("adam", lr=1e-3), got, tol=eq.ADAM_TOL)
-
-
-@requires_devices(8)
-def test_uneven_batch_of_100_on_8_devices_equals_unpadded_run():
-    got = eq.run(eq.config(strategy=NAME, batch_size=100), steps=5, devices=8)
-    eq.assert_equivalent(eq.reference(batch_size=100), got)
-
-
-@requires_devices(8)
-def test_accumulation_equals_the_large_batch():
-    got = eq.run(eq.config(strategy=NAME, accumulate=4), steps=5, devices=8)
-    eq.assert_equivalent(eq.reference(), got)
 
 
 @requires_devices(8)

@@ -22,18 +22,6 @@ NAME = "local-sgd"
 
 
 @requires_devices(8)
-@pytest.mark.parametrize("optimizer", ["sgd", "momentum"])
-def test_equals_single_on_8_devices(optimizer):
-    got = eq.run(eq.config(strategy=NAME, optimizer=optimizer), steps=5, devices=8)
-    eq.assert_equivalent(eq.reference(optimizer), got)
-
-
-@pytest.mark.parametrize("devices", [2, 4])
-def test_equals_single_on_smaller_meshes(devices):
-    eq.assert_equivalent(eq.reference(), eq.run(eq.config(strategy=NAME), steps=5, devices=devices))
-
-
-@requires_devices(8)
 def test_explicit_collectives_equal_theory_exactly():
     # k = 2: the step's average (under lax.cond) counts half its bytes per step
     eq.assert_explicit_collectives_equal_theory(eq.accounting(NAME, sync_every=2))
