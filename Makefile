@@ -73,3 +73,9 @@ test: install $(VENV)/.mpi-installed $(VENV)/.demo-installed browser
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# The `peer` extra: PyTorch 2.13.0 (CPU wheel) for `python -m experiments peers`. Never part of
+# `make test` (any other torch spec pulls gigabytes of CUDA).
+.PHONY: peer
+peer: install
+	$(PY) -m pip install -q -e '.[peer]'

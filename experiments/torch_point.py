@@ -1,0 +1,98 @@
+"""A PyTorch point of the peers study as data, run in its own process and resumed the way
+`experiments.points` resumes jaxpar points (this module imports neither torch nor JAX).
+
+    python -m experiments.torch_bench OUT/FOLDER/point.json    # runs the point it describes
+
+`run` writes OUT/FOLDER/point.json (the settings) and starts `python -m experiments.torch_bench
+OUT/FOLDER/point.json`, which writes OUT/FOLDER/torch.json recording the settings it ran.
+Before any work the study calls `stored` on every point already in OUT: a complete result of
+the same settings is reused, a damaged one is run again, and one of other settings is refused
+(ConfigError naming the folder).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from jaxpar import results
+from jaxpar.errors import ConfigError
+
+MODES = ("eager", "compile", "ddp")
+# PyTorch's Adam kernels on CPU, by the study's --adam name: torch.optim.Adam's arguments.
+# Untold, PyTorch picks the for-loop one on CPU.
+ADAM_KERNELS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
+RESULT_FILE = "torch.json"
+
+
+@dataclass(frozen=True)
+class TorchPoint:
+    """One PyTorch measurement: the twin of jaxpar model `model`, trained step by step.
+
+    Attributes:
+      folder: where its files go, under the study's --out.
+      mode: eager | compile (one process) | ddp (`ranks` gloo processes, 1 thread each).
+      ranks: processes (1 unless mode is ddp).
+      adam: a key of ADAM_KERNELS; lr: Adam's learning rate (constant).
+      matmul_peak: also time a 2048^3 f32 matmul at the point's threads.
+    """
+
+    folder: str
+    model: str
+    mode: str
+    batch_size: int
+    iters: int
+    warmup: int
+    ranks: int
+    adam: str
+    lr: float
+    matmul_peak: bool
+
+    def settings(self) -> dict:
+        """What its result must record to be reused (everything but where it lives)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "folder"}
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "TorchPoint":
+        return cls(**json.loads(text))
+
+
+def stored(folder: Path, point: TorchPoint) -> dict | None:
+    """The complete result in FOLDER if it ran POINT's settings; None when there is none or it
+    is damaged (run it again); ConfigError when it ran other settings."""
+    try:
+        done = json.loads((folder / RESULT_FILE).read_text())
+        have = done["point"]
+        float(done["median_ms"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if have != point.settings():
+        diff = [f"{k} {have.get(k)} (asked {v})" for k, v in point.settings().items() if have.get(k) != v]
+        raise ConfigError(f"{folder} holds a point measured with other settings "
+                          f"({', '.join(diff) or have}); pass a fresh --out or delete that folder")
+    return done
+
+
+def run(point: TorchPoint, out: Path, timeout: float) -> dict:
+    """POINT's result: reused from OUT/FOLDER when complete, else measured in its own process.
+
+    Raises:
+      experiments.points.PointError: the process failed or ran past `timeout` seconds.
+    """
+    # Here, not at the top: experiments.points imports JAX, and the PyTorch process reads
+    # this module for TorchPoint alone.
+    from experiments.points import POINT_FILE, run_point
+
+    folder = out / point.folder
+    done = stored(folder, point)
+    if done is None:
+        path = results.write_atomic(folder / POINT_FILE, point.to_json())
+        run_point([sys.executable, "-m", "experiments.torch_bench", str(path)], timeout)
+        done = json.loads((folder / RESULT_FILE).read_text())
+    return done
