@@ -1,5 +1,5 @@
-"""Figures of the pipeline, batch-size, hparam and time-to-accuracy studies, drawn only from
-their results files (helpers and house style: experiments/plots.py).
+"""Figures of the pipeline, batch-size, hparam, time-to-accuracy and peers studies, drawn only
+from their results files (helpers and house style: experiments/plots.py).
 
     python -m experiments figures --data figures/data --out figures
 """
@@ -253,3 +253,41 @@ def time_to_accuracy(data: dict, out: Path) -> Path:
     fig.tight_layout()
     legend_below(fig, handles, labels, ncol=len(labels))
     return save(fig, out / "time_to_accuracy.png")
+
+
+PEER_COLOURS = {"jaxpar": "tab:blue", "pytorch": "tab:orange"}
+
+
+def peers_bars(data: dict, out: Path) -> Path:
+    """One panel per model: images/s of every configuration, jaxpar beside PyTorch, each
+    jaxpar bar labelled with its ratio to its PyTorch peer.
+
+    Args:
+        data: the peers.json dict written by experiments/peers.py.
+        out: folder for peers.png.
+    Returns:
+        the PNG path.
+    """
+    rows, env, cfg = data["metrics"]["rows"], data["env"], data["config"]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    tallest = max((sum(r["model"] == m for r in rows) for m in models), default=1)
+    fig, axes = plt.subplots(len(models), 1, figsize=(9, 1.0 + 0.45 * tallest * len(models)), squeeze=False)
+    for ax, model in zip(axes[:, 0], models):
+        mine = [r for r in rows if r["model"] == model][::-1]  # first configuration on top
+        ips = [r["images_per_sec"] for r in mine]
+        ax.barh(range(len(mine)), ips, color=[PEER_COLOURS[r["framework"]] for r in mine])
+        ax.set_yticks(range(len(mine)), [
+            f"{r['framework']}: {r['what']} ({r['processes']} proc x {r['threads_per_process']} thr)"
+            for r in mine], fontsize=8)
+        for i, r in enumerate(mine):
+            note = f"{r['images_per_sec']:,.0f}"
+            if r["ratio_vs_peer"] is not None:
+                note += f"  ({r['ratio_vs_peer']:.2f}x {r['peer'].removeprefix('torch-')})"
+            ax.text(r["images_per_sec"], i, " " + note, va="center", fontsize=8)
+        ax.set_xlim(0, max(ips) * 1.45)
+        ax.set_title(f"{model}: images/s (jaxpar / PyTorch peer in brackets)", fontsize=10)
+    axes[-1, 0].set_xlabel(f"images/s, global batch {cfg['batch_size']}, median of {cfg['rounds']} "
+                           f"interleaved rounds; {env['cpu_cores']} CPU cores, jax {env['jax']}, "
+                           f"torch {env.get('torch')}")
+    fig.tight_layout()
+    return save(fig, out / "peers.png")

@@ -1,0 +1,301 @@
+"""PyTorch as a built-in peer: the same models, optimizer, batch and synthetic data in PyTorch
+(eager, torch.compile, DDP over gloo ranks) beside jaxpar (`single`, its best single-process
+configuration, `mpi-allreduce` on the same ranks), all in one run, interleaved.
+
+    python -m experiments peers --out figures/data/peers       # full: MLP, CNN, ResNet (tens of minutes)
+    python -m experiments peers --quick --out /tmp/peers       # MLP, a few steps (a minute or two)
+
+Needs the `peer` extra (torch==2.13.0, CPU wheel): `pip install '.[peer]'` or `make peer`.
+Every configuration runs in its own process: jaxpar points through `experiments.points`
+(`python -m experiments.run`), PyTorch points through `experiments.torch_point`
+(`python -m experiments.torch_bench`); both resume a stopped study and refuse a folder of
+other settings. First a screening picks jaxpar's best single-process configuration per model
+(`single` on 1 device or a data-parallel strategy on --best-devices simulated devices,
+--screen-iters steps each); then --rounds rounds go round-robin over every configuration,
+the order rotated each round, so drift on a shared machine hits all alike (each round its
+own folder: r0, r1, ...). A configuration's ms/step is the median over rounds of each
+round's median of --iters steps. Writes OUT/peers.json (RunResult: config, env,
+metrics.rows), OUT/summary.md and OUT/peers.png, atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments import options, peers_report, plots_studies, points, rank_scaling, torch_point
+from experiments.options import BenchOptions, option
+from experiments.points import Point, PointError
+from experiments.study import Study, at_least, distinct
+from experiments.torch_point import ADAM_KERNELS, TorchPoint
+from jaxpar import results
+from jaxpar.config import TrainConfig, with_options
+from jaxpar.errors import ConfigError
+from jaxpar.models import abstract_model, param_count
+from jaxpar.parallel import STRATEGIES
+
+INSTALL_HINT = ("install the `peer` extra, which pins torch==2.13.0 (a CPU wheel): "
+                "`pip install '.[peer]'` or `make peer`")
+OPTIMIZER = "adam"  # what the PyTorch side runs (torch.optim.Adam); jaxpar's is pinned to it
+# The configurations of every model, in table order: (key, framework, what it is).
+CONFIGS = (("jaxpar-single", "jaxpar", "single, 1 device"),
+           ("jaxpar-best", "jaxpar", "best single-process configuration"),
+           ("torch-eager", "pytorch", "eager"),
+           ("torch-compile", "pytorch", "torch.compile (model and optimizer step)"),
+           ("jaxpar-ranks", "jaxpar", "ranks x 1 thread"),
+           ("torch-ddp", "pytorch", "DDP (gloo), ranks x 1 thread"))
+
+
+@dataclass(frozen=True)
+class PeersConfig:
+    out: str = options.out("peers")
+    models: tuple[str, ...] | None = option(None, "models compared (default: every model with a PyTorch twin in experiments/torch_models.py)", choices="model")
+    batch_size: int = options.train_option("batch_size")
+    # Adam at a constant rate on both sides: the optimizers match step for step.
+    lr: float = options.train_option("lr")
+    iters: int = options.iters()
+    warmup: int = options.warmup()
+    rounds: int = option(3, "round-robin passes over every configuration (each configuration: rounds x iters timed steps)")
+    ranks: int = option(2, "processes of PyTorch DDP and of jaxpar's --rank-strategy, 1 thread each")
+    rank_strategy: str = option("mpi-allreduce", "jaxpar's answer to DDP on --ranks processes", choices="strategy")
+    best_devices: tuple[int, ...] = option((1, 2, 4), "simulated device counts screened for jaxpar's best single-process configuration")
+    best_strategies: tuple[str, ...] | None = option(None, "strategies screened on them besides single (default: the data-parallel family)", choices="strategy")
+    screen_iters: int = option(10, "timed steps of each screening point")
+    # The fastest Adam PyTorch offers on CPU; its default there is the for-loop kernel (MLP step,
+    # 1 thread, interleaved: fused 14-16 ms, foreach 17-25, for-loop 24-30). The peer is PyTorch
+    # at its best, not at its defaults.
+    adam: str = option("fused", f"PyTorch's Adam kernel: {' | '.join(ADAM_KERNELS)} (for-loop: what PyTorch picks on CPU untold)")
+    compile: bool = option(True, "also time torch.compile (a failure is recorded with its reason)")
+    timeout: int = options.timeout()
+
+
+# Every configuration once, for tests: the MLP, one round, a screening of two candidates.
+QUICK = dataclasses.replace(PeersConfig(), models=("mlp",), iters=3, warmup=1, rounds=1,
+                            best_devices=(2,), best_strategies=("dp-auto",), screen_iters=2,
+                            timeout=300)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The study's resolved settings."""
+    models: tuple[str, ...]
+    candidates: tuple[tuple[str, int], ...]   # (strategy, devices) screened per model
+    skipped: dict[str, str]                   # configuration key -> why it is not run
+
+
+def torch_missing() -> str | None:
+    """Why PyTorch cannot run here (the message names the install), or None."""
+    if importlib.util.find_spec("torch") is None:
+        return f"the peers study runs PyTorch, which is not installed in this venv; {INSTALL_HINT}"
+    return None
+
+
+def data_parallel() -> tuple[str, ...]:
+    return tuple(n for n, c in STRATEGIES.items() if c.family == "data parallel")
+
+
+def plan(config: PeersConfig) -> Plan:
+    """Check every option before any work (ConfigError names the fix)."""
+    why = torch_missing()
+    if why:
+        raise ConfigError(why)
+    from experiments.torch_models import TWINS  # imports torch: only once it is there
+
+    models = config.models or tuple(TWINS)
+    bad = [m for m in models if m not in TWINS]
+    if bad:
+        raise ConfigError(f"--models {','.join(bad)}: no PyTorch twin; choose from {', '.join(TWINS)}")
+    strategies = config.best_strategies or data_parallel()
+    unknown = [s for s in strategies if s not in data_parallel()]
+    if unknown:
+        raise ConfigError(f"--best-strategies {','.join(unknown)}: choose data-parallel strategies "
+                          f"({', '.join(data_parallel())})")
+    at_least(config, 1, "batch_size", "iters", "rounds", "best_devices", "screen_iters")
+    at_least(config, 0, "warmup")
+    at_least(config, 2, "ranks")
+    distinct(config, *(name for name in ("models", "best_devices", "best_strategies")
+                       if getattr(config, name) is not None))
+    if config.batch_size % config.ranks:
+        raise ConfigError(f"--batch-size {config.batch_size} must be a multiple of --ranks {config.ranks} "
+                          "(DDP splits the global batch evenly)")
+    if config.adam not in ADAM_KERNELS:
+        raise ConfigError(f"--adam {config.adam!r}: choose {', '.join(ADAM_KERNELS)}")
+    skipped = {}
+    try:
+        rank_scaling.check((config.rank_strategy,), (config.ranks,))
+    except ConfigError as e:
+        skipped["jaxpar-ranks"] = str(e)
+    if not config.compile:
+        skipped["torch-compile"] = "--no-compile"
+    candidates = (("single", 1),) + tuple((s, n) for n in config.best_devices if n > 1 for s in strategies)
+    return Plan(tuple(models), candidates, skipped)
+
+
+def train_config(config: PeersConfig, model: str, strategy: str, devices: int = 1,
+                 ranks: bool = False) -> TrainConfig:
+    """What a jaxpar point trains: PyTorch's optimizer exactly (Adam, constant lr), the model's
+    defaults (the fast CPU layers included), synthetic data."""
+    return with_options(TrainConfig(), dataset="synthetic", model=model, strategy=strategy,
+                        devices=devices, batch_size=config.batch_size, optimizer=OPTIMIZER,
+                        lr=config.lr, lr_schedule="constant", single_thread=ranks)
+
+
+def screen_point(config: PeersConfig, model: str, strategy: str, devices: int) -> Point:
+    return Point(f"screen/{model}/{strategy}-{devices}", train_config(config, model, strategy, devices),
+                 BenchOptions(iters=config.screen_iters, warmup=config.warmup, matmul_peak=False))
+
+
+def round_point(config: PeersConfig, model: str, key: str, k: int,
+                best: tuple[str, int] | None = None) -> Point | TorchPoint:
+    """Configuration `key` of `model` in round k: a jaxpar Point or a TorchPoint. Each
+    framework's matmul peak is measured every round, by `single` and by PyTorch eager."""
+    folder = f"points/{model}/{key}/r{k}"
+    if key.startswith("torch-"):
+        mode = key.removeprefix("torch-")
+        return TorchPoint(folder, model, mode, config.batch_size, config.iters, config.warmup,
+                          config.ranks if mode == "ddp" else 1, config.adam, config.lr,
+                          matmul_peak=mode == "eager")
+    bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=key == "jaxpar-single")
+    if key == "jaxpar-ranks":
+        return Point(folder, train_config(config, model, config.rank_strategy, ranks=True), bench,
+                     config.ranks)
+    strategy, devices = ("single", 1) if key == "jaxpar-single" else best
+    return Point(folder, train_config(config, model, strategy, devices), bench)
+
+
+def check_param_counts(config: PeersConfig, models: tuple[str, ...]) -> dict[str, int]:
+    """{model: parameters}, the same in jaxpar and its PyTorch twin (ConfigError otherwise)."""
+    from experiments import torch_models
+
+    counts = {}
+    for model in models:
+        ours = param_count(abstract_model(train_config(config, model, "single").model))
+        twin = torch_models.param_count(torch_models.make_twin(model))
+        if ours != twin:
+            raise ConfigError(f"{model}: jaxpar has {ours:,} parameters, its PyTorch twin {twin:,}; "
+                              "experiments/torch_models.py no longer matches jaxpar/models")
+        counts[model] = ours
+    return counts
+
+
+def prepass(config: PeersConfig, found: Plan, out: Path) -> None:
+    """Before any work: every jaxpar point known yet can run (`jaxpar.validate`), and no point
+    left in OUT was measured with other settings (ConfigError naming its folder)."""
+    for model in found.models:
+        known = [screen_point(config, model, s, n) for s, n in found.candidates]
+        known += [round_point(config, model, key, k) for k in range(config.rounds)
+                  for key, _, _ in CONFIGS if key != "jaxpar-best" and key not in found.skipped]
+        for p in known:
+            if isinstance(p, TorchPoint):
+                torch_point.stored(out / p.folder, p)
+            else:
+                points.check(p)
+                points.stored(out / p.folder, p)
+
+
+def screen(config: PeersConfig, found: Plan) -> dict[str, dict]:
+    """jaxpar's best single-process configuration per model: every candidate, briefly.
+    Returns {model: {'strategy', 'devices', 'candidates': [{strategy, devices, images_per_sec}]}}."""
+    best = {}
+    for model in found.models:
+        planned = [screen_point(config, model, s, n) for s, n in found.candidates]
+        outcomes = points.run(planned, config.out, config.timeout, keep_going=True)
+        tried = [{"strategy": s, "devices": n, "images_per_sec": r.metrics["images_per_sec"]}
+                 for (s, n), r in zip(found.candidates, outcomes) if not isinstance(r, PointError)]
+        if not tried:
+            raise PointError(f"{model}: no jaxpar configuration ran in the screening")
+        top = max(tried, key=lambda t: t["images_per_sec"])
+        best[model] = {"strategy": top["strategy"], "devices": top["devices"], "candidates": tried}
+        print(f"best single-process configuration for {model}: {top['strategy']} on "
+              f"{top['devices']} device(s)", flush=True)
+    return best
+
+
+def measure(config: PeersConfig, p: Point | TorchPoint) -> dict:
+    """One configuration of one model, one round, in its own process(es): its round record.
+
+    Raises:
+      PointError: its process failed or ran past --timeout.
+    """
+    if isinstance(p, TorchPoint):
+        r = torch_point.run(p, Path(config.out), config.timeout)
+        return {"ms": r["median_ms"], "first_step_s": r["first_step_s"], "threads": r["threads"],
+                "processes": r["processes"], "peak_gflops": r["matmul_peak_gflops"],
+                "flops_per_step": None, "param_count": r["param_count"], "torch": r["torch"],
+                "interop_threads": r["interop_threads"]}
+    (r,) = points.run([p], config.out, config.timeout, keep_going=True)
+    if isinstance(r, PointError):
+        raise r
+    m, env = r.metrics, r.env
+    return {"ms": m["step_time_ms_median"], "first_step_s": m["compile_s"],
+            "threads": env["threads_per_process"], "processes": env.get("mpi_ranks", 1),
+            "peak_gflops": m["matmul_peak_gflops"], "flops_per_step": m["flops_per_step"],
+            "strategy": p.config.parallel.strategy, "devices": p.config.parallel.devices, "env": env}
+
+
+def rounds(config: PeersConfig, found: Plan, best: dict) -> tuple[dict, dict, list[float]]:
+    """--rounds passes over every configuration, the order rotated each round.
+
+    Returns:
+      ({model: {key: [round records]}}, {"model key": why it failed}, the 1-minute load
+      average before each round and at the end: was the machine quiet?)
+    """
+    keys = [key for key, _, _ in CONFIGS if key not in found.skipped]
+    records = {m: {k: [] for k in keys} for m in found.models}
+    failed: dict[str, str] = {}
+    load = []
+    for k in range(config.rounds):
+        load.append(os.getloadavg()[0])
+        order = keys[k % len(keys):] + keys[:k % len(keys)]  # rotated: no fixed neighbours
+        for model in found.models:
+            top = (best[model]["strategy"], best[model]["devices"])
+            for key in order:
+                if f"{model} {key}" in failed:
+                    continue  # failed in an earlier round: it would fail again
+                print(f"round {k + 1}/{config.rounds} {model} {key}", flush=True)
+                try:
+                    rec = measure(config, round_point(config, model, key, k, top))
+                except PointError as e:
+                    print(f"  failed: {str(e)[-300:]}", flush=True)
+                    failed[f"{model} {key}"] = str(e)[-2000:]
+                    continue
+                records[model][key].append(rec)
+                print(f"  {rec['ms']:.2f} ms/step", flush=True)
+    load.append(os.getloadavg()[0])
+    return records, failed, load
+
+
+def run(config: PeersConfig) -> list[Path] | None:
+    """Screening, the interleaved rounds, then OUT/peers.json, summary.md and peers.png.
+    Returns their paths, or None when a point other than torch.compile failed."""
+    found = plan(config)
+    counts = check_param_counts(config, found.models)
+    out = results.ensure_writable(config.out)
+    prepass(config, found, out)
+    best = screen(config, found)
+    for model in found.models:  # refuse a stored best point of other settings before the rounds
+        top = (best[model]["strategy"], best[model]["devices"])
+        for k in range(config.rounds):
+            points.stored(out / f"points/{model}/jaxpar-best/r{k}",
+                          round_point(config, model, "jaxpar-best", k, top))
+    records, failed, load = rounds(config, found, best)
+    labels = {key: (framework, what) for key, framework, what in CONFIGS}
+    labels["jaxpar-ranks"] = ("jaxpar", f"{config.rank_strategy}, ranks x 1 thread")
+    study = peers_report.study(config, dataclasses.asdict(found), labels, counts, best, records,
+                               failed, load)
+    data = dataclasses.asdict(study)
+    paths = [results.write_atomic(out / "peers.json", study.to_json() + "\n"),
+             results.write_atomic(out / "summary.md", peers_report.summary(data)),
+             plots_studies.peers_bars(data, out)]
+    print(paths[1].read_text())
+    fatal = [name for name in failed if not name.endswith("torch-compile")]
+    return None if fatal else paths
+
+
+STUDY = Study("peers", "PyTorch beside jaxpar: the same models, optimizer and batch (eager, torch.compile, "
+                       "DDP) vs jaxpar single, its best single-process configuration and "
+                       "mpi-allreduce, interleaved in one run (needs the `peer` extra); writes "
+                       "OUT/peers.json, OUT/summary.md and OUT/peers.png", PeersConfig, QUICK, run)
