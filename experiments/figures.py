@@ -26,6 +26,7 @@ FIGURES = (
     ("hparam", (("hparam_speedup.png", plots_studies.hparam_speedup),)),
     ("strategies", (("strategies.png", plots.strategies_bars),)),
     ("time-to-accuracy", (("time_to_accuracy.png", plots_studies.time_to_accuracy),)),
+    ("peers", (("peers.png", plots_studies.peers_bars),)),
     ("scaling", (("scaling_devices.png", None), ("scaling_ranks.png", None))),  # one call draws both
 )
 

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from experiments import plots, sources, speedup
+from experiments import peers_report, plots, sources, speedup
 from jaxpar import results
 from jaxpar.config import TrainConfig, to_dict
 from jaxpar.mesh import format_mesh
@@ -267,6 +267,12 @@ def hparam(data_dir: Path) -> str:
                      "same best over seeds one by one", "largest loss difference (trial)"], out)
 
 
+# --- peers study ---------------------------------------------------------------------------
+def peers(data_dir: Path) -> str:
+    """jaxpar beside PyTorch: ms/step, images/s, the ratio to its PyTorch peer, FLOP/s and peak."""
+    return peers_report.table(sources.load(data_dir, "peers"))
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "strategy-list": strategy_list,
     "main-results": main_results,
@@ -278,6 +284,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "batch-size": batch_size,
     "time-to-accuracy": time_to_accuracy,
     "hparam": hparam,
+    "peers": peers,
     # One line per results folder (the two training runs share theirs).
     **{f"machine-{name.removesuffix('-cnn')}": functools.partial(machine_line, name)
        for name in sources.SOURCES if name != "train-mlp"},
