@@ -123,8 +123,13 @@ def plan(config: PeersConfig) -> Plan:
                           "(DDP splits the global batch evenly)")
     if config.adam not in ADAM_KERNELS:
         raise ConfigError(f"--adam {config.adam!r}: choose {', '.join(ADAM_KERNELS)}")
+    cls = STRATEGIES[config.rank_strategy]
+    if not (cls.uses_mpi or cls.multiprocess):
+        able = [n for n, c in STRATEGIES.items() if c.uses_mpi or c.multiprocess]
+        raise ConfigError(f"--rank-strategy {cls.name} does not run across processes; choose one "
+                          f"that does ({', '.join(able)})")
     skipped = {}
-    try:
+    try:  # what is left to fail is the install (mpiexec, mpi4jax): the rest still runs
         rank_scaling.check((config.rank_strategy,), (config.ranks,))
     except ConfigError as e:
         skipped["jaxpar-ranks"] = str(e)

@@ -203,8 +203,14 @@ def test_without_torch_exits_2_naming_the_install_and_writes_nothing(tmp_path, m
     assert not out.exists()
 
 
-def test_a_model_without_a_twin_exits_2_before_any_work(tmp_path, capsys):
+@pytest.mark.parametrize("flags,needle", [
+    (["--models", "mlp,vit"], "vit: no PyTorch twin"),
+    (["--rank-strategy", "dp-pmap"], "--rank-strategy dp-pmap does not run across processes"),
+    (["--best-strategies", "tensor"], "--best-strategies tensor: choose data-parallel strategies"),
+    (["--ranks", "3"], "--batch-size 128 must be a multiple of --ranks 3"),
+])
+def test_bad_options_exit_2_before_any_work(tmp_path, capsys, flags, needle):
     pytest.importorskip("torch", reason=NO_TORCH)
     out = tmp_path / "never"
-    assert run(["peers", "--models", "mlp,vit", "--out", str(out)]) == EXIT_USAGE
-    assert "vit: no PyTorch twin" in capsys.readouterr().err and not out.exists()
+    assert run(["peers", *flags, "--out", str(out)]) == EXIT_USAGE
+    assert needle in capsys.readouterr().err and not out.exists()
