@@ -63,7 +63,7 @@ def test_complete_points_are_reused(study, capsys):
      "point.bench.iters 2 (asked 3)"),
     (dataclasses.replace(BENCH, labels={"mode": "strong"}), "point.labels.mode weak (asked strong)"),
     (dataclasses.replace(BENCH, ranks=2), "point.ranks None (asked 2)"),
-    (dataclasses.replace(TRAIN, config=with_options(TINY, lr=0.1)), "optim.lr 0.001 (asked 0.1)"),
+    (dataclasses.replace(TRAIN, config=with_options(TINY, lr=0.1)), "optim.lr 0.003 (asked 0.1)"),
     (dataclasses.replace(TRAIN, folder="bench/mlp"), "point.kind bench (asked train)"),
 ])
 def test_a_point_of_other_settings_is_refused_before_any_work(study, other, needle):
