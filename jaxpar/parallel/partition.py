@@ -84,8 +84,9 @@ def boundary_problems(boundaries, names: list[str], stages: int) -> list[str]:
     n = len(names)
     listing = ", ".join(f"{i} {name}" for i, name in enumerate(names))
     if stages > n:
-        return [f"--mesh stage={stages} needs at least {stages} layers, but the model has {n} "
-                f"({listing}); use fewer stages or a deeper model (--depth)."]
+        return [f"--mesh stage={stages} needs at least {stages} layers, one per stage, but the model "
+                f"has {n} layers ({listing}); use fewer stages or a deeper model (--depth, where "
+                f"the model takes it)."]
     if boundaries is None:
         return []
     b = list(boundaries)
