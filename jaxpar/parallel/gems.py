@@ -57,7 +57,7 @@ class Gems(Pipeline):
 
     @property
     def schedule_name(self) -> str:
-        return "gems"
+        return self.name  # its table in schedules.TABLES
 
     def _stages(self, model) -> Stages:
         return Stages(model, self.starts, self.rows,

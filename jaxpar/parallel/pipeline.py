@@ -125,16 +125,18 @@ class Pipeline(Strategy):
     # --- layouts ----------------------------------------------------------------------------
     def _pack(self, ref):
         pack = self.stages.params.pack
+        # no batch norm: no statistics vectors (a zero-size array loses its sharding in a step)
+        stats = self.stages.state.pack(ref.model_state) if self.has_state else {}
         return ref.replace(params=pack(ref.params),
                            opt_state=map_param_trees(ref.opt_state, self.ref_params, pack),
-                           model_state=self.stages.state.pack(ref.model_state))
+                           model_state=stats)
 
     def state_to_reference(self, state):
         state = jax.device_get(state)
         unpack = self.stages.params.unpack
         return state.replace(params=unpack(state.params),
                              opt_state=map_param_trees(state.opt_state, self.packed, unpack),
-                             model_state=self.stages.state.unpack(state.model_state))
+                             model_state=self.stages.state.unpack(state.model_state) if self.has_state else {})
 
     def state_from_reference(self, ref):
         return self._place(self._pack(jax.device_get(ref)))

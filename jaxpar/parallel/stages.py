@@ -223,14 +223,15 @@ class Stages:
         """Stage s (static) on one micro-batch, inside the SPMD program.
 
         Args:
-          params, state: this stage's vectors ({"rep": [P]} (+ "split")) for one replica copy.
+          params, state: this stage's vectors ({"rep": [P]} (+ "split")) for one replica copy;
+            state {} when the model has no batch norm.
           inp: images [rows, 28, 28, 1] (stage 0) or the boundary buffer [rows, A].
         Returns:
           (out [rows, A]: the activation for stage s + 1, or the logits on the last stage,
            zero padded; the stage's batch-norm statistics after the call, as vectors)
         """
         p_items = self.params.local(s, params)
-        z_items = self.state.local(s, state)
+        z_items = self.state.local(s, state) if state else []  # {}: no batch norm
         model = nnx.merge(self.graphdef, self.params.full(p_items), self.state.full(z_items))
         if s == 0:
             h = steplib.normalize(inp)
