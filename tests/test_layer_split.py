@@ -49,6 +49,8 @@ def test_layer_split_matches_single(refs, model, stages, boundaries):
     assert d["stages"] == stages and len(d["stage_layers"]) == stages
     if boundaries:
         assert d["stage_starts"] == [0, *boundaries]
+    if model == "cnn" and boundaries == (1,):  # conv1 hands on [14, 14, 32] per example
+        assert d["stage_transfer_bytes_per_step"] == 2 * 64 * 14 * 14 * 32 * 4
     nbytes = lambda t: sum(x.nbytes for x in jax.tree.leaves(t))  # noqa: E731
     assert sum(nbytes(p) for p in got.state.params) == nbytes(got.params)
     assert all(nbytes(p) < nbytes(got.params) for p in got.state.params)

@@ -31,6 +31,7 @@ from jaxpar import measure
 from jaxpar import step as steplib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE
+from jaxpar.models import sequence
 from jaxpar.parallel import layout, partition
 from jaxpar.parallel.base import Strategy
 from jaxpar.parallel.stages import leaves, nest
@@ -91,6 +92,11 @@ class LayerSplit(Strategy):
         self.ranges = [range(a, b) for a, b in zip(self.starts, (*self.starts[1:], len(layers)))]
         self.keys = [[k for i in r for k in layers[i].keys] for r in self.ranges]
         self.names = [[layers[i].name for i in r] for r in self.ranges]
+        # elements per example each stage hands to the next (shapes only)
+        h, self.boundaries = jax.ShapeDtypeStruct((1, *partition.IMAGE), jnp.float32), []
+        for r in self.ranges[:-1]:
+            h = jax.eval_shape(lambda x, r=r: sequence.apply([layers[i] for i in r], x), h)
+            self.boundaries.append(h.size)
         self.graphdef, params, model_state = steplib.split_model(model)
         self.shapes, self.state_shapes = layout.abstract(params), layout.abstract(model_state)
         self._build_programs()
@@ -289,6 +295,9 @@ class LayerSplit(Strategy):
                 "stage_layers": self.names,
                 "stage_flops_per_example": partition.stage_costs(self.config, self.starts),
                 "stage_param_bytes": self.stage_param_bytes(),
+                "boundary_elements_per_example": self.boundaries,
+                # each boundary's activations forward and their gradients back, once a step
+                "stage_transfer_bytes_per_step": 2 * self.config.data.batch_size * sum(self.boundaries) * 4,
                 "note": "one batch at a time, one device busy at a time; activations move "
                         "with device_put (no collectives); each stage's backward applies the "
                         "vjp its forward kept (no recomputed forward)"}
