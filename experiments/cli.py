@@ -86,7 +86,7 @@ def add_config_flags(parser: argparse.ArgumentParser, only: set[str] | None = No
 
 def config_from_args(args: argparse.Namespace) -> configlib.TrainConfig:
     """The TrainConfig whose fields the parsed flags name (others keep their defaults)."""
-    options = {f.name: getattr(args, f.name) for _, f in configlib.flat_fields()
+    options = {f.name: _value(f, getattr(args, f.name)) for _, f in configlib.flat_fields()
                if hasattr(args, f.name)}
     return configlib.with_options(configlib.TrainConfig(), **options)
 
@@ -111,7 +111,7 @@ def options_from_args(args: argparse.Namespace, base: Any) -> Any:
 
 def _value(f: dataclasses.Field, text: Any) -> Any:
     kind, element = _kind(f)
-    if kind != "list":
+    if kind != "list" or not isinstance(text, str):  # a scalar, or a list field's default
         return text
     try:
         values = tuple(element(v.strip()) for v in text.split(",") if v.strip())

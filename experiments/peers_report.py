@@ -124,7 +124,7 @@ def summary(data: dict) -> str:
              f"{cfg['warmup']}; ms/step is the median of the round medians.\n", table(data)]
     peaks = {r["framework"]: r["peak_gflops"] for r in m["rows"]}
     lines += [
-        f"\nParameters (jaxpar = its PyTorch twin): "
+        "\nParameters (jaxpar = its PyTorch twin): "
         + ", ".join(f"{k} {v:,}" for k, v in m["param_counts"].items()) + ".",
         f"\nMatmul peak (2048^3 f32, measured in every round by `single` and PyTorch eager, median): "
         f"XLA {_num(peaks.get('jaxpar'), '.1f')} GFLOP/s, PyTorch {_num(peaks.get('pytorch'), '.1f')} GFLOP/s. "

@@ -1,11 +1,13 @@
 """Pipeline study: bubble fraction, throughput and activation memory vs micro-batch count M for
-S stages, GPipe vs 1F1B.
+S stages, GPipe vs 1F1B vs GEMS (bidirectional replicas, `--strategy gems`).
 
 The bubble and the peak micro-batches in flight come from the schedule tables
-(jaxpar.parallel.schedules), with GPipe's (S-1)/(M+S-1) beside them. Throughput (images/s,
-median step) and temporary memory per device (XLA's memory analysis of the compiled step:
-activations and the buffers around them) are measured with one `bench` point per
-(schedule, M): the `pipeline` strategy on S simulated CPU devices, mesh stage=S.
+(jaxpar.parallel.schedules), with GPipe's (S-1)/(M+S-1) beside them (GEMS: its own
+(S-2)/(2M+S-2); even S and M only). Throughput (images/s, median step), temporary memory per
+device (XLA's memory analysis of the compiled step: activations and the buffers around them)
+and state memory per device (GEMS holds two stages' parameters) are measured with one
+`bench` point per (schedule, M): the `pipeline` strategy (GEMS: `gems`) on S simulated CPU
+devices, mesh stage=S.
 
     python -m experiments pipeline --out figures/data/pipeline       # full: S=4, M=1..32, minutes
     python -m experiments pipeline --quick --out /tmp/pipe           # S=2, M=1..4, tiny model
@@ -32,9 +34,11 @@ from jaxpar.config import TrainConfig, with_options
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE, format_mesh
 from jaxpar.parallel import schedules
+from jaxpar.parallel.gems import Gems
 
-MODEL = "stack-mlp"  # identical blocks, stacked and cut into stages
+MODEL = "stack-mlp"  # its blocks make stages of equal cost: the bubble is the schedule's alone
 PICTURE_MAX_M = 8  # the schedule picture uses the largest M up to this (readable blocks)
+GEMS = Gems.name  # `--strategy gems`, and its table in schedules.TABLES; the others are `pipeline --schedule NAME`
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,7 @@ class PipelineConfig:
     stages: int = option(4, "pipeline stages S = simulated devices")
     max_microbatches: int = option(32, "largest micro-batch count M; M runs over the powers of two up to it")
     width: int | None = options.train_option("width", 256)
-    depth: int | None = options.train_option("depth", 8)  # stack-mlp blocks: a multiple of S
+    depth: int | None = options.train_option("depth", 8)  # stack-mlp blocks (+ stem, head: S <= depth + 2)
     # 512: 16 rows per micro-batch at M=32, so the largest M still does real work per slot.
     batch_size: int = options.train_option("batch_size", 512)
     measure: bool = option(True, "time each (schedule, M) in a bench process (--no-measure: schedule tables only, seconds)")
@@ -70,13 +74,17 @@ def plan(config: PipelineConfig) -> tuple[list[int], list[int]]:
     measured = [] if not config.measure else list(config.measured_microbatches or counts)
     if set(measured) - set(counts):
         raise ConfigError(f"--measured-microbatches must be among the M's {counts}, got {measured}")
-    if measured and config.depth % S:
-        raise ConfigError(f"--depth {config.depth} blocks do not divide into --stages {S}; "
-                          f"make --depth a multiple of {S}")
     if measured and config.batch_size % max(measured):
         raise ConfigError(f"--batch-size {config.batch_size} must be a multiple of the largest "
                           f"M = {max(measured)} (each micro-batch gets batch/M rows)")
     return counts, measured
+
+
+def counts_for(name: str, stages: int, microbatch_counts: list[int]) -> list[int]:
+    """The M's schedule `name` runs at S stages (GEMS: even S, even M: half per replica)."""
+    if name != GEMS:
+        return list(microbatch_counts)
+    return [m for m in microbatch_counts if m % 2 == 0] if stages % 2 == 0 else []
 
 
 def schedule_rows(stages: int, microbatch_counts: list[int]) -> tuple[list[dict], dict]:
@@ -87,24 +95,27 @@ def schedule_rows(stages: int, microbatch_counts: list[int]) -> tuple[list[dict]
          {schedule: {"M", "table"}} for the largest M <= PICTURE_MAX_M)
     """
     rows, tables = [], {}
-    for name in schedules.SCHEDULES:
-        for m in microbatch_counts:
+    for name in schedules.TABLES:
+        counts = counts_for(name, stages, microbatch_counts)
+        theory = schedules.gems_bubble_theory if name == GEMS else schedules.bubble_theory
+        for m in counts:
             table = schedules.schedule(name, stages, m)
             rows.append({"schedule": name, "M": m, "bubble": schedules.bubble_fraction(table),
-                         "theory": schedules.bubble_theory(stages, m),
+                         "theory": theory(stages, m),
                          "peak_in_flight": max(schedules.peak_in_flight(table))})
-        m_pic = max(m for m in microbatch_counts if m <= PICTURE_MAX_M)
-        tables[name] = {"M": m_pic, "table": schedules.schedule(name, stages, m_pic)}
+        pictured = [m for m in counts if m <= PICTURE_MAX_M]
+        if pictured:
+            tables[name] = {"M": max(pictured), "table": schedules.schedule(name, stages, max(pictured))}
     return rows, tables
 
 
 def point(config: PipelineConfig, schedule: str, m: int) -> Point:
     """One (schedule, M) bench point: the pipeline strategy on S simulated devices."""
     S = config.stages
+    by_schedule = {"strategy": GEMS} if schedule == GEMS else {"strategy": "pipeline", "schedule": schedule}
     train = with_options(TrainConfig(), dataset="synthetic", model=MODEL, width=config.width,
-                         depth=config.depth, strategy="pipeline", devices=S,
-                         mesh=format_mesh({STAGE: S}), microbatches=m, schedule=schedule,
-                         batch_size=config.batch_size)
+                         depth=config.depth, devices=S, mesh=format_mesh({STAGE: S}),
+                         microbatches=m, batch_size=config.batch_size, **by_schedule)
     # --no-matmul-peak: the study does not use it, and it costs seconds a point.
     bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False)
     return Point(f"points/{schedule}-M{m}", train, bench)
@@ -122,7 +133,8 @@ def measurement(result: results.RunResult, folder: str) -> dict:
 def run(config: PipelineConfig) -> list[Path]:
     """Tables for every M, measured points, OUT/pipeline.json; return its path."""
     counts, measured = plan(config)
-    planned = {(s, m): point(config, s, m) for s in schedules.SCHEDULES for m in measured}
+    planned = {(s, m): point(config, s, m) for s in schedules.TABLES
+               for m in counts_for(s, config.stages, measured)}
     outcomes = dict(zip(planned, points.run(list(planned.values()), config.out, config.timeout)))
     rows, tables = schedule_rows(config.stages, counts)
     point_env = None
@@ -136,7 +148,7 @@ def run(config: PipelineConfig) -> list[Path]:
             if r["images_per_sec"] else "not measured"
         print(f"{r['schedule']:6s} S={config.stages} M={r['M']:3d} bubble={r['bubble']:.3f} "
               f"theory={r['theory']:.3f} peak_in_flight={r['peak_in_flight']:3d}  {tput}", flush=True)
-    record = {**dataclasses.asdict(config), "model": MODEL, "strategy": "pipeline",
+    record = {**dataclasses.asdict(config), "model": MODEL, "strategy": "pipeline", "bidirectional": GEMS,
               "microbatch_counts": counts, "measured_microbatch_counts": measured}
     result = results.RunResult(kind="pipeline", config=record, env=results.environment(),
                                metrics={"stages": config.stages, "rows": rows, "tables": tables,
@@ -147,5 +159,5 @@ def run(config: PipelineConfig) -> list[Path]:
 
 
 STUDY = Study("pipeline", "pipeline bubble (schedule tables), throughput and memory per device (one "
-                          "bench process per point) vs micro-batches, GPipe vs 1F1B; writes "
+                          "bench process per point) vs micro-batches, GPipe vs 1F1B vs GEMS; writes "
                           "OUT/pipeline.json", PipelineConfig, QUICK, run)

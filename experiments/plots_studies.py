@@ -12,15 +12,20 @@ import matplotlib.pyplot as plt
 
 from experiments.plots import REGIMES, legend_below, plain_log_axis, save, scaling_regimes, strategy_style
 from jaxpar.parallel import schedules
+from jaxpar.parallel.gems import Gems
 
-SCHEDULE_STYLE = {"gpipe": dict(color="C0", marker="o"), "1f1b": dict(color="C1", marker="s")}
+GEMS = Gems.name  # its schedule table has the strategy's name (schedules.TABLES)
+
+SCHEDULE_STYLE = {"gpipe": dict(color="C0", marker="o"), "1f1b": dict(color="C1", marker="s"),
+                  GEMS: dict(color="C2", marker="^")}
 
 
 def pipeline_bubble(result: dict, out: Path) -> Path:
-    """2x2 panels against micro-batches M, GPipe vs 1F1B: the bubble of the schedule tables
-    with (S-1)/(M+S-1); measured images/s; micro-batches held at once on the fullest stage
-    (stage 0), with every stage's count at the M whose tables the file stores; temporary
-    memory per device (XLA's memory analysis of the compiled step).
+    """2x2 panels against micro-batches M, GPipe vs 1F1B (vs GEMS, when the file has it): the
+    bubble of the schedule tables with (S-1)/(M+S-1) (GEMS: (S-2)/(2M+S-2)); measured
+    images/s; micro-batches held at once on the fullest device, with every device's count at
+    the M whose tables the file stores; temporary memory per device (XLA's memory analysis
+    of the compiled step) and, dotted, parameters + optimizer state per device.
 
     Args:
         result: the RunResult dict written by experiments/pipeline_study.py (pipeline.json).
@@ -31,6 +36,8 @@ def pipeline_bubble(result: dict, out: Path) -> Path:
     (bub, tput), (flight, mem) = axes
     for name, style in SCHEDULE_STYLE.items():
         rows = [r for r in data["rows"] if r["schedule"] == name]
+        if not rows:
+            continue
         ms = [r["M"] for r in rows]
         kw = dict(label=name, mfc="none", mew=1.5, ms=8 if name == "gpipe" else 6, **style)
         bub.plot(ms, [r["bubble"] for r in rows], ls="none", **kw)
@@ -38,19 +45,25 @@ def pipeline_bubble(result: dict, out: Path) -> Path:
         timed = [r for r in rows if r.get("images_per_sec")]
         tput.plot([r["M"] for r in timed], [r["images_per_sec"] for r in timed], ls="-", **kw)
         mem.plot([r["M"] for r in timed], [r["temp_bytes"] / 2 ** 20 for r in timed], ls="-", **kw)
-    theory = sorted({(r["M"], r["theory"]) for r in data["rows"]})
-    bub.plot(*zip(*theory), "k--", lw=1, label="(S-1)/(M+S-1)")
+        if any(r.get("state_bytes") for r in timed):
+            mem.plot([r["M"] for r in timed], [r["state_bytes"] / 2 ** 20 for r in timed], ls=":",
+                     color=style["color"])
+    for names, line, label in ((schedules.SCHEDULES, "k--", "(S-1)/(M+S-1)"),
+                               ((GEMS,), "g:", "(S-2)/(2M+S-2)")):
+        theory = sorted({(r["M"], r["theory"]) for r in data["rows"] if r["schedule"] in names})
+        if theory:
+            bub.plot(*zip(*theory), line, lw=1, label=label)
     per_stage = []
     for name, table in data.get("tables", {}).items():  # every stage, from the stored tables
         counts = schedules.peak_in_flight(table["table"])
         per_stage.append(f"{name}, M={table['M']}: " + ", ".join(map(str, counts)))
     if per_stage:
-        flight.text(0.03, 0.97, "per stage 0..S-1\n" + "\n".join(per_stage), transform=flight.transAxes,
+        flight.text(0.03, 0.97, "per device 0..S-1\n" + "\n".join(per_stage), transform=flight.transAxes,
                     va="top", fontsize=8, bbox=dict(fc="white", ec="0.8"))
     for ax, title, label in ((bub, "Bubble (from the schedule tables)", "idle share of stage-slots"),
                              (tput, "Throughput (measured)", "images/s"),
-                             (flight, "Micro-batches held at once, fullest stage (stage 0)", "micro-batches"),
-                             (mem, "Temporary memory per device (measured)", "MiB")):
+                             (flight, "Micro-batches held at once, fullest device", "micro-batches"),
+                             (mem, "Memory per device (measured; dotted: parameters + optimizer)", "MiB")):
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(label)
     flight.set_yscale("log", base=2)
@@ -76,27 +89,33 @@ def pipeline_bubble(result: dict, out: Path) -> Path:
 
 
 def pipeline_schedule(result: dict, out: Path) -> Path:
-    """GPipe-paper-style picture: stages as rows, one F/B micro-batch block per slot."""
+    """GPipe-paper-style picture: devices as rows, one F/B micro-batch block per slot (GEMS:
+    its second replica's blocks hatched, that replica running the stages in reverse device
+    order)."""
     data = result["metrics"]
-    names = list(data["tables"])
-    fig, axes = plt.subplots(len(names), 1, figsize=(12, 1.4 + 0.55 * data["stages"] * len(names)))
-    for ax, name in zip(axes, names):
+    names, S = list(data["tables"]), data["stages"]
+    fig, axes = plt.subplots(len(names), 1, figsize=(12, 1.4 + 0.55 * S * len(names)), squeeze=False)
+    for ax, name in zip(axes[:, 0], names):
         table = data["tables"][name]["table"]
         for t, row in enumerate(table):
-            for s, slot in enumerate(row):
+            for d, slot in enumerate(row):
                 if slot:
-                    kind, m = slot
-                    ax.add_patch(plt.Rectangle((t, s), 1, 1, ec="k", fc="#8ecae6" if kind == "F" else "#ffb703"))
-                    ax.text(t + 0.5, s + 0.5, f"{kind}{m}", ha="center", va="center", fontsize=7)
+                    kind, m, r = schedules.op(slot)
+                    ax.add_patch(plt.Rectangle((t, d), 1, 1, ec="k", fc="#8ecae6" if kind == "F" else "#ffb703",
+                                               hatch="//" if r else None))
+                    ax.text(t + 0.5, d + 0.5, f"{kind}{m}", ha="center", va="center", fontsize=7)
         ax.set_xlim(0, len(table))
-        ax.set_ylim(data["stages"], 0)
+        ax.set_ylim(S, 0)
         ax.set_xticks([t + 0.5 for t in range(len(table))], [str(t) for t in range(len(table))], fontsize=7)
-        ax.set_yticks([s + 0.5 for s in range(data["stages"])],
-                      [f"stage {s} (device {s})" for s in range(data["stages"])])
+        labels = ([f"device {d}: stages {d}, {schedules.stage_of(d, 1, S)}'" for d in range(S)]
+                  if name == GEMS else [f"stage {d} (device {d})" for d in range(S)])
+        ax.set_yticks([d + 0.5 for d in range(S)], labels)
         idle = schedules.bubble_fraction(table)
-        ax.set_title(f"{name}, S={data['stages']}, M={data['tables'][name]['M']}: {len(table)} slots, "
-                     f"{idle:.0%} of stage-slots idle (blank = bubble)", fontsize=10)
-    axes[-1].set_xlabel("time slot (one forward F or backward B of one micro-batch on one stage)")
+        ax.set_title(f"{name}, S={S}, M={data['tables'][name]['M']}: {len(table)} slots, "
+                     f"{idle:.0%} of device-slots idle (blank = bubble)"
+                     + ("; hatched: replica 1 (stage s' on device S-1-s)" if name == GEMS else ""),
+                     fontsize=10)
+    axes[-1, 0].set_xlabel("time slot (one forward F or backward B of one micro-batch on one stage)")
     fig.tight_layout()
     return save(fig, out / "pipeline_schedule.png")
 
@@ -210,13 +229,14 @@ def time_to_accuracy(data: dict, out: Path) -> Path:
     """
     rows, env, cfg = data["metrics"]["rows"], data["env"], data["config"]
     models = list(dict.fromkeys(r["model"] for r in rows))
-    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+    label = lambda r: r.get("label", r["strategy"])  # noqa: E731  (strategy, and its schedule)
+    strategies = list(dict.fromkeys(label(r) for r in rows))
     style = strategy_style(strategies)
     fig, axes = plt.subplots(1, 1 + len(models), figsize=(4.2 * (1 + len(models)), 4.2), squeeze=False)
     bars, width = axes[0][0], 0.8 / len(strategies)
     for i, model in enumerate(models):
         for j, name in enumerate(strategies):
-            r = next((r for r in rows if r["model"] == model and r["strategy"] == name), None)
+            r = next((r for r in rows if r["model"] == model and label(r) == name), None)
             if r is None:
                 continue
             x = i - 0.4 + (j + 0.5) * width
@@ -234,8 +254,8 @@ def time_to_accuracy(data: dict, out: Path) -> Path:
         here = [r for r in rows if r["model"] == model]
         for r in here:
             c = r["curve"]
-            ax.plot([p["train_s"] for p in c], [p["val_accuracy"] for p in c], color=style[r["strategy"]]["color"],
-                    marker=style[r["strategy"]]["marker"], ls=style[r["strategy"]]["ls"], ms=4)
+            ax.plot([p["train_s"] for p in c], [p["val_accuracy"] for p in c], color=style[label(r)]["color"],
+                    marker=style[label(r)]["marker"], ls=style[label(r)]["ls"], ms=4)
         ax.axhline(here[0]["target"], color="k", ls="--", lw=1)
         ax.set_xlabel("training time (s)")
         ax.set_ylabel("validation accuracy")

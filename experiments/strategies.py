@@ -8,7 +8,9 @@ states one), parameter + optimizer state and temporary (activation) memory per d
 One `bench` point per strategy (`experiments.points`: a stopped study resumes, complete points
 are not run again): every single-process strategy on --devices simulated devices with its
 default mesh over all of them (`mesh_for`), the MPI strategies as --devices single-threaded
-ranks when mpi4jax is installed (else recorded as skipped, with why). Writes
+ranks when mpi4jax is installed (else recorded as skipped, with why). Without --strategies,
+a strategy that cannot place --model (its class says so) is recorded as skipped too; the
+seeds' comparison is `--model cnn` (or resnet): data- against model-parallel rows. Writes
 OUT/points/<strategy>/result.json, OUT/strategies.json (RunResult: config, env, metrics.rows;
 `experiments.plots.strategies_bars` draws it) and OUT/summary.md, atomically.
 """
@@ -29,6 +31,7 @@ from jaxpar import results
 from jaxpar.config import TrainConfig, with_options
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import format_mesh
+from jaxpar.models import takes
 from jaxpar.parallel import STRATEGIES
 from jaxpar.parallel.mpi_common import INSTALL_HINT
 
@@ -36,10 +39,11 @@ from jaxpar.parallel.mpi_common import INSTALL_HINT
 @dataclass(frozen=True)
 class StrategiesConfig:
     out: str = options.out("strategies")
-    # stack-mlp: tensor, pipeline, layer-split and hybrid need identical blocks.
+    # stack-mlp: every strategy takes it (hybrid needs its identical blocks); --model cnn skips hybrid.
     model: str = options.train_option("model", "stack-mlp")
+    # width and depth go to the models that take them (not cnn; resnet: depth)
     width: int | None = options.train_option("width", 256)
-    depth: int | None = options.train_option("depth", 8)  # a multiple of --devices: stages
+    depth: int | None = options.train_option("depth", 8)
     devices: int = option(4, "devices every strategy uses (MPI strategies: that many ranks)")
     batch_size: int = options.train_option("batch_size")
     microbatches: int = options.train_option("microbatches", 8)
@@ -78,6 +82,14 @@ def _mpi_missing() -> str | None:
 def plan(config: StrategiesConfig) -> tuple[list[str], dict[str, str]]:
     """(strategies to run, {strategy: why} of those skipped); checks every option first."""
     names = list(config.strategies or STRATEGIES)  # by family, as the registry lists them
+    unable = {}
+    if config.strategies is None:  # every strategy that can place the model
+        for name in names:
+            try:
+                STRATEGIES[name].check_model(config.model)
+            except ConfigError as e:
+                unable[name] = str(e)
+        names = [n for n in names if n not in unable]
     at_least(config, 1, "devices", "batch_size", "iters", "microbatches", "width", "depth")
     at_least(config, 0, "warmup")
     bad = [problem for s in names for problem in _problems(s, config)]
@@ -89,7 +101,7 @@ def plan(config: StrategiesConfig) -> tuple[list[str], dict[str, str]]:
     why = None
     if mpi:
         why = _mpi_missing() or ("MPI strategies need --devices >= 2 ranks" if config.devices < 2 else None)
-    skipped = {s: why for s in mpi} if why else {}
+    skipped = {**unable, **({s: why for s in mpi} if why else {})}
     return [s for s in names if s not in skipped], skipped
 
 
@@ -106,9 +118,10 @@ def _problems(strategy: str, config: StrategiesConfig) -> list[str]:
 def point(strategy: str, config: StrategiesConfig) -> Point:
     """One strategy's bench point (an MPI strategy: --devices ranks of one device each)."""
     mpi = _is_mpi(strategy)
+    sizes = {k: getattr(config, k) for k in ("width", "depth") if k in takes(config.model)}
     train = with_options(
-        TrainConfig(), dataset="synthetic", model=config.model, width=config.width,
-        depth=config.depth, strategy=strategy, devices=1 if mpi else config.devices,
+        TrainConfig(), dataset="synthetic", model=config.model, **sizes,
+        strategy=strategy, devices=1 if mpi else config.devices,
         mesh="" if mpi else mesh_for(strategy, config.devices), batch_size=config.batch_size,
         single_thread=mpi,
         **({"microbatches": config.microbatches} if "microbatches" in STRATEGIES[strategy].options else {}))
@@ -181,7 +194,8 @@ def _bytes(n: int | None) -> str:
 def summary(study: dict) -> str:
     """Markdown table of a strategies.json dict, with the machine behind the numbers."""
     cfg, env, m = study["config"], study["env"], study["metrics"]
-    lines = [f"{cfg['model']} width {cfg['width']} depth {cfg['depth']}, global batch "
+    sizes = "".join(f" {k} {cfg[k]}" for k in ("width", "depth") if k in takes(cfg["model"]))
+    lines = [f"{cfg['model']}{sizes}, global batch "
              f"{cfg['batch_size']}, {cfg['devices']} devices per strategy, median of {cfg['iters']} "
              f"steps after {cfg['warmup']}.\n",
              "| strategy | mesh | ms/step | images/s | compile s | collective B/step (theory) | "

@@ -17,6 +17,7 @@ from jaxpar import results
 from jaxpar.config import TrainConfig, to_dict
 from jaxpar.mesh import format_mesh
 from jaxpar.parallel import STRATEGIES
+from jaxpar.parallel.gems import Gems
 
 DASH = "–"
 
@@ -193,15 +194,18 @@ def pipeline(data_dir: Path) -> str:
     rows = sources.load(data_dir, "pipeline")["metrics"]["rows"]
     by = {(r["schedule"], r["M"]): r for r in rows}
     names = list(dict.fromkeys(r["schedule"] for r in rows))
+    gems = [Gems.name] if Gems.name in names else []  # its own bubble (GPipe's and 1F1B's agree)
+    bubble = lambda h: f"{h['bubble']:.3f} ({h['theory']:.3f})" if h else DASH  # noqa: E731
     out = []
     for m in sorted({r["M"] for r in rows}):
         here = [by.get((s, m), {}) for s in names]
-        out.append([m, f"{here[0]['bubble']:.3f} ({here[0]['theory']:.3f})",
+        out.append([m, bubble(here[0]), *[bubble(by.get((g, m))) for g in gems],
                     *[num(h.get("images_per_sec")) for h in here],
                     *[num(h["temp_bytes"] / 2 ** 20, 1) if h.get("temp_bytes") else DASH for h in here],
                     *[mb(h.get("collective_bytes")) for h in here]])
-    return markdown(["M", "bubble (S-1)/(M+S-1)", *[f"{s} images/s" for s in names],
-                     *[f"{s} temp MiB/device" for s in names], *[f"{s} collective MB/step" for s in names]], out)
+    return markdown(["M", "bubble (S-1)/(M+S-1)", *[f"{g} bubble (S-2)/(2M+S-2)" for g in gems],
+                     *[f"{s} images/s" for s in names], *[f"{s} temp MiB/device" for s in names],
+                     *[f"{s} collective MB/step" for s in names]], out)
 
 
 # --- batch-size study ------------------------------------------------------------------------
@@ -231,17 +235,18 @@ def _time_cell(r: dict) -> str:
 
 def time_to_accuracy(data_dir: Path) -> str:
     rows = sources.load(data_dir, "time-to-accuracy")["metrics"]["rows"]
-    names = list(dict.fromkeys(r["strategy"] for r in rows))
+    label = lambda r: r.get("label", r["strategy"])  # noqa: E731  (strategy, and its schedule)
+    names = list(dict.fromkeys(label(r) for r in rows))
     out = []
     for model in dict.fromkeys(r["model"] for r in rows):
-        here = {r["strategy"]: r for r in rows if r["model"] == model}
+        here = {label(r): r for r in rows if r["model"] == model}
         first = next(iter(here.values()))
         steps = sorted({r["steps"] for r in here.values() if r["reached"]})
         cells = [_time_cell(here[n]) if n in here else DASH for n in names]
         acc = [r["test_accuracy"] for r in here.values()]
         out.append([f"{model} ({first['target']:.2f})", ", ".join(map(str, steps)) or DASH, *cells,
                     f"{min(acc):.3f}-{max(acc):.3f}"])
-    devices = {r["strategy"]: r["devices"] for r in rows}
+    devices = {label(r): r["devices"] for r in rows}
     return markdown(["model (target val. accuracy)", "steps", *[f"{n} ({devices[n]} dev)" for n in names],
                      "test accuracy"], out)
 

@@ -1,10 +1,18 @@
 """Time-to-accuracy study: wall time, steps and images/s to a target *validation* accuracy for
-the MLP, the CNN and the ResNet under each strategy, test accuracy measured at the end.
+the MLP, the CNN and the ResNet under each strategy, test accuracy and memory per device
+measured at the end.
 
 One `train --target-accuracy T` point per (model, strategy) (`experiments.points`: its device
 count is fixed before JAX starts; jaxpar.train's loop), all with the same global batch, seed
-and validation split, so the data-parallel strategies follow single's trajectory and differ
-only in time (local-sgd, when asked for, follows its own).
+and validation split, so the data-parallel and the model-parallel strategies (layer-split,
+pipeline, gems, tensor: the same global batch, without batch norm the same math) follow
+single's trajectory and differ only in time (local-sgd, when asked for, follows its own).
+A strategy that takes `--schedule` (pipeline, hybrid) runs once per --schedules entry; a
+(model, strategy) pair the strategy cannot place (tensor and the MLP) is skipped and listed.
+
+    python -m experiments time-to-accuracy --models cnn,resnet --targets cnn=0.82,resnet=0.70 \
+        --strategies single,dp-shard-map,layer-split,pipeline,gems,tensor --schedules gpipe,1f1b \
+        --out figures/data/time_to_accuracy     # the seeds' comparison: data against model parallel
 
     python -m experiments time-to-accuracy --out figures/data/time_to_accuracy  # minutes, see below
     python -m experiments time-to-accuracy --quick --out /tmp/tta                  # seconds
@@ -51,6 +59,8 @@ class TimeToAccuracyConfig:
     # Strategies that train on the same global batch as single (same trajectory, up to
     # reduction order and batch-norm statistics).
     strategies: tuple[str, ...] = option(("single", "dp-shard-map", "dp-auto", "fsdp"), "strategies, one point per model each", choices="strategy")
+    # gpipe only by default: the committed study has no pipeline rows to match
+    schedules: tuple[str, ...] = option(("gpipe",), "pipeline schedules: one point each for the strategies that take --schedule", choices="schedule")
     devices: int = option(2, "simulated devices of the points whose strategy spreads over devices (single uses 1)")
     # Validation accuracies each model reaches within a few hundred steps at batch 128 (Adam
     # 1e-3, constant), so the full study takes minutes on a 2-core CPU: MLP at step 175, CNN
@@ -97,14 +107,17 @@ def targets(config: TimeToAccuracyConfig) -> dict[str, float]:
     return found
 
 
-def _check_strategies(config: TimeToAccuracyConfig) -> None:
-    """Each strategy must train every model in one process (its class attributes say so)."""
-    def able(cls) -> bool:
-        return not cls.uses_mpi and all(cls.models is None or m in cls.models for m in config.models)
+def places(strategy: str, model: str) -> bool:
+    """`strategy` trains `model` in one process (its class attributes say so)."""
+    cls = STRATEGIES[strategy]
+    return not cls.uses_mpi and (cls.models is None or model in cls.models)
 
-    choices = [n for n, c in STRATEGIES.items() if able(c)]
+
+def _check_strategies(config: TimeToAccuracyConfig) -> None:
+    """Each strategy must train at least one of the models in one process."""
+    choices = [n for n in STRATEGIES if any(places(n, m) for m in config.models)]
     for name in config.strategies:
-        if not able(STRATEGIES[name]):
+        if name not in choices:
             raise ConfigError(f"--strategies {name} cannot train --models {','.join(config.models)} "
                               f"in one process; choices: {', '.join(choices)}")
     for flag in ("width", "depth"):
@@ -121,6 +134,8 @@ def plan(config: TimeToAccuracyConfig) -> list[Point]:
     found = []
     for model in config.models:
         for strategy in config.strategies:
+            if not places(strategy, model):
+                continue  # listed in the results as skipped (`skipped`)
             # A strategy whose default mesh is one device (single) runs on one.
             devices = math.prod(STRATEGIES[strategy].default_mesh(config.devices).values())
             train = with_options(
@@ -129,8 +144,17 @@ def plan(config: TimeToAccuracyConfig) -> list[Point]:
                 devices=devices, target_accuracy=goal[model], batch_size=config.batch_size,
                 epochs=config.max_epochs, val_size=config.val_size, eval_every=config.eval_every,
                 seed=config.seed, lr=config.lr, lr_schedule="constant", progress=False)
-            found.append(Point(f"{model}-{strategy}", train))
+            if "schedule" not in STRATEGIES[strategy].options:
+                found.append(Point(f"{model}-{strategy}", train))
+                continue
+            for schedule in config.schedules:
+                found.append(Point(f"{model}-{strategy}-{schedule}", with_options(train, schedule=schedule)))
     return found
+
+
+def skipped(config: TimeToAccuracyConfig) -> list[str]:
+    """The (model, strategy) pairs left out: the strategy cannot place the model."""
+    return [f"{m}-{s}" for m in config.models for s in config.strategies if not places(s, m)]
 
 
 def shared_options(configs: list[TrainConfig]) -> dict:
@@ -147,13 +171,19 @@ def has_batch_norm(config: TrainConfig) -> bool:
 def row(point: Point, result: results.RunResult, batch_norm: bool) -> dict:
     """One table row from a point's train result; its validation curve for the figure."""
     m, c = result.metrics, point.config
-    return {"model": c.model.model, "strategy": c.parallel.strategy, "devices": c.parallel.devices,
+    schedule = c.parallel.schedule if "schedule" in STRATEGIES[c.parallel.strategy].options else None
+    return {"model": c.model.model, "strategy": c.parallel.strategy, "schedule": schedule,
+            # what tables and figures call the row: the strategy, with its schedule if it has one
+            "label": f"{c.parallel.strategy} ({schedule})" if schedule else c.parallel.strategy,
+            "devices": c.parallel.devices,
             "target": c.target_accuracy, "reached": m["reached_target"], "steps": m["steps_to_target"],
             "examples": m["examples_to_target"], "time_s": m["time_to_target_s"],
             "images_per_sec": m["images_per_sec_to_target"],
             "images_per_sec_median_step": m["images_per_sec"], "compile_s": m["compile_s"],
             "steps_run": m["steps"], "test_accuracy": m["test_accuracy"],
             "val_accuracy": m["val_accuracy"], "wall_s": m["wall_s"],
+            "state_bytes_per_device": m.get("state_bytes_per_device"),
+            "temp_bytes_per_device": m.get("memory_per_device", {}).get("temp_bytes"),
             "batch_norm_per_shard": batch_norm and STRATEGIES[c.parallel.strategy].batch_norm_per_shard,
             "curve": [{k: h[k] for k in ("step", "val_accuracy", "train_s")} for h in result.history]}
 
@@ -168,28 +198,30 @@ def run(config: TimeToAccuracyConfig) -> list[Path]:
     record = {**dataclasses.asdict(config), "targets": targets(config),
               "train_options": shared_options([p.config for p in planned])}
     study = results.RunResult(kind="time-to-accuracy", config=record, env=outcomes[0].env,
-                              metrics={"rows": rows})
+                              metrics={"rows": rows, "skipped": skipped(config)})
     out = Path(config.out)
     path = results.write_atomic(out / RESULTS_FILE, study.to_json() + "\n")
-    table = summary(rows, study.env, record)
+    table = summary(rows, study.env, record, skipped(config))
     results.write_atomic(out / "summary.md", table)
     print(table)
     return [path, out / "summary.md"]
 
 
-def summary(rows: list[dict], env: dict, config: dict) -> str:
+def summary(rows: list[dict], env: dict, config: dict, left_out: list[str] = ()) -> str:
     """Markdown table of the study's rows and what stands behind the times."""
     lines = ["| model | strategy | devices | target (val) | reached | steps | examples | time s | "
-             "images/s | compile s | test accuracy |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "images/s | compile s | test accuracy | state MB/device |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         mark = " †" if r["batch_norm_per_shard"] else ""
+        state = r.get("state_bytes_per_device")
         if r["reached"]:
             cells = f"yes | {r['steps']} | {r['examples']:,} | {r['time_s']:.1f} | {r['images_per_sec']:,.0f}"
         else:
             cells = f"no ({r['steps_run']} steps) | – | – | – | –"
-        lines.append(f"| {r['model']} | {r['strategy']}{mark} | {r['devices']} | {r['target']:.2f} | "
-                     f"{cells} | {r['compile_s']:.1f} | {r['test_accuracy']:.4f} |")
+        lines.append(f"| {r['model']} | {r['label']}{mark} | {r['devices']} | {r['target']:.2f} | "
+                     f"{cells} | {r['compile_s']:.1f} | {r['test_accuracy']:.4f} | "
+                     f"{'–' if state is None else f'{state / 1e6:.2f}'} |")
     notes = [
         f"Global batch {config['batch_size']}, seed {config['seed']}, Adam at a constant learning rate, "
         f"validation on {config['val_size']} examples every {config['eval_every']} steps (steps to target "
@@ -202,8 +234,10 @@ def summary(rows: list[dict], env: dict, config: dict) -> str:
     ]
     if any(r["batch_norm_per_shard"] for r in rows):
         notes.append("† batch norm normalises with per-shard batch statistics under this strategy "
-                     "(single and one-program strategies such as dp-auto use the whole global batch), "
-                     "so its trajectory can differ from single's.")
+                     "(pipeline, gems: per micro-batch; single and one-program strategies such as "
+                     "dp-auto use the whole global batch), so its trajectory can differ from single's.")
+    if left_out:
+        notes.append(f"Not run (the strategy cannot place the model): {', '.join(left_out)}.")
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
 
 

@@ -78,6 +78,8 @@ class ParallelConfig:
     microbatches: int = _opt(4, "pipeline: micro-batches per global batch (M)", valid=AT_LEAST_1)
     schedule: str = _opt("gpipe", "pipeline schedule: gpipe (fill-drain) | 1f1b")
     remat: bool = _opt(False, "pipeline: recompute stage activations in the backward pass")
+    # None: stages balanced by XLA's FLOP count of each layer (jaxpar.parallel.partition).
+    stage_boundaries: tuple[int, ...] | None = _opt(None, "layer-split, pipeline, gems: the first layer of each stage after the first, e.g. 2,5 (default: balanced by FLOPs)")
     distributed: str = _opt("auto", "join processes with jax.distributed: auto (when launched by mpiexec/srun) | mpi | slurm | none")
     single_thread: bool = _opt(False, "one XLA thread per process, pinned to core rank %% cores (honest rank scaling)")
 
@@ -119,7 +121,10 @@ def from_dict(d: dict) -> TrainConfig:
     """Inverse of `to_dict` (unknown keys are an error, so stale files are caught)."""
     sections = {
         "data": DataConfig, "model": ModelConfig, "optim": OptimConfig, "parallel": ParallelConfig}
-    kwargs = {k: (sections[k](**v) if k in sections else v) for k, v in d.items()}
+    # JSON has no tuples: a list is a tuple field's value (--stage-boundaries).
+    untuple = lambda v: tuple(v) if isinstance(v, list) else v  # noqa: E731
+    kwargs = {k: (sections[k](**{f: untuple(x) for f, x in v.items()}) if k in sections else v)
+              for k, v in d.items()}
     return TrainConfig(**kwargs)
 
 

@@ -12,7 +12,14 @@ import equivalence as eq
 
 # lr 0.02: the stack-mlp diverges at the protocol's default 0.1, and a diverging run is a
 # weak comparison.
-MODELS = {"stack-mlp": dict(width=32, depth=4, lr=0.02), "vit": dict(depth=2, lr=0.02)}
+# cnn, resnet at batch 12: a channel-split sum rounds differently from the whole conv's, and
+# a ReLU or max-pool input within that rounding of its threshold then decides the other way
+# (batch norm magnifies the rounding first), sending a gradient elsewhere: on other batches
+# such a tie moves the ResNet's gradient by up to 3e-3 and the CNN's by 3e-5 (float64 shows
+# the split itself exact: test_tensor's float64 test). The protocol's 1e-5 is for rounding.
+CONV = dict(width=None, depth=None, lr=0.02, batch_size=12)
+MODELS = {"stack-mlp": dict(width=32, depth=4, lr=0.02), "vit": dict(depth=2, lr=0.02),
+          "cnn": CONV, "resnet": CONV}
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,7 +37,7 @@ def _split_key_bias(trace):
     compare it absolutely and the rest by the protocol."""
     def pop(tree):
         tree = jax.tree.map(np.asarray, tree)
-        noise = [blk["key"].pop("bias") for blk in tree["blocks"].values() if "key" in blk]
+        noise = [blk["key"].pop("bias") for blk in tree.get("blocks", {}).values() if "key" in blk]
         return tree, noise
     return pop(trace.grads), pop(trace.params)
 
@@ -51,6 +58,8 @@ def run_and_compare(strategy: str, model: str, mesh: str) -> eq.Trace:
     s = got.strategy
     ref_state = s.state_to_reference(got.state)
     eq.assert_tree_close(ref_state, s.state_to_reference(s.state_from_reference(ref_state)))
+    eq.assert_tree_close(jax.device_get(ref.state.model_state), ref_state.model_state,
+                         what="batch-norm statistics")  # {} without batch norm
     return got
 
 
@@ -59,6 +68,15 @@ def step_collective_bytes(got: eq.Trace) -> tuple[int, int]:
     s = got.strategy
     batch = s.place_batch(eq.batches(s.config.data.batch_size, 1)[0])
     return s.compile("step", got.state, batch).collective_bytes["total"], s.theory()["total"]
+
+
+def assert_split_as_specified(got: eq.Trace) -> None:
+    """Parameter bytes per device: 1/T of every leaf the split divides, all of the rest."""
+    from jaxpar.parallel.megatron import param_spec
+    from jaxpar.parallel.stages import leaves
+    t = got.strategy.describe()["tensor_degree"]
+    want = sum(x.nbytes // (t if "tensor" in param_spec(path) else 1) for path, x in leaves(got.params))
+    assert got.strategy.param_bytes == want
 
 
 def assert_blocks_split(got: eq.Trace) -> None:

@@ -24,6 +24,7 @@ import equivalence as eq
 from conftest import ROOT, requires_devices, run_cli
 from jaxpar import checkpoint as ckptlib
 from jaxpar.config import TrainConfig, with_options
+from jaxpar.mesh import STAGE
 from jaxpar.parallel import STRATEGIES
 from jaxpar.train import fit
 
@@ -105,15 +106,17 @@ def test_sigkill_mid_epoch_then_resume_is_bitwise_the_uninterrupted_run(tmp_path
 
 
 @pytest.mark.parametrize("strategy", present("single", "dp-pmap", "dp-shard-map", "dp-auto", "fsdp",
-                                             "local-sgd", "tensor", "layer-split", "pipeline", "hybrid"))
+                                             "local-sgd", "tensor", "layer-split", "pipeline", "gems", "hybrid"))
 @requires_devices(8)
 def test_checkpoint_from_8_devices_restores_on_2_and_on_single(tmp_path, strategy):
     """Saved from a mesh over 8 devices, restored over 2 and under `single`: the same state."""
     from jaxpar.optim import make_optimizer
     from jaxpar.train import build_model, make_strategy
 
-    # strategies that take only some models (split blocks) take the stack-mlp
-    model = dict(model="stack-mlp", depth=8) if STRATEGIES[strategy].models else {}
+    # strategies that take only some models (split blocks), or put a stage on each of the 8
+    # devices (a stage needs a layer), take the stack-mlp with 8 blocks
+    staged = STRATEGIES[strategy].default_axes.get(STAGE) == -1
+    model = dict(model="stack-mlp", depth=8) if STRATEGIES[strategy].models or staged else {}
     if strategy == "hybrid":
         model["microbatches"] = 2  # 40 rows over data=4 shards
     cfg = tiny(tmp_path, strategy=strategy, **model)

@@ -1,5 +1,8 @@
 """`hybrid` (data x tensor x stage on one mesh) equals `single`; its blocks split 1/(S T).
 
+Stages are cut from the model's layers (by FLOPs, or --stage-boundaries), each stage's split
+leaves kept as a [stage, tensor] vector, its replicated rest as a [stage] vector.
+
 For the stack-mlp and the ViT (the Megatron split `tensor` uses); bad shapes name the option.
 
     python -m pytest -q tests/test_hybrid.py
@@ -41,11 +44,14 @@ def test_hybrid_vit_equals_single():
 
 @requires_devices(8)
 def test_block_kernels_are_split_over_stage_and_tensor():
-    cfg = eq.config(strategy="hybrid", mesh="data=2,tensor=2,stage=2", microbatches=2, **BASE)
-    state = eq.run(cfg, steps=1, devices=8).state
-    for name in ("up", "down"):
-        kernel = state.params["blocks"][name]["kernel"]
-        assert kernel.addressable_shards[0].data.size * 4 == kernel.size
+    # stem, block0, block1 | block2, block3, head: two blocks a stage
+    cfg = eq.config(strategy="hybrid", mesh="data=2,tensor=2,stage=2", microbatches=2,
+                    stage_boundaries=(3,), **BASE)
+    got = eq.run(cfg, steps=1, devices=8)
+    split = got.state.params["split"]  # [stage, tensor, copy, elements]
+    width = BASE["width"]
+    up, down = width * 4 * width + 4 * width, 4 * width * width  # the split leaves of a block
+    assert split.addressable_shards[0].data.size * 4 == split.size == 4 * (up + down)
 
 
 @pytest.mark.parametrize("options,needle", [

@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.errors import ConfigError
-from jaxpar.mesh import STAGE, TENSOR
+from jaxpar.mesh import TENSOR
 from jaxpar.models import make_model
 from jaxpar.parallel import megatron
 
@@ -25,15 +25,26 @@ def test_column_layers_split_outputs_and_row_layers_inputs():
     assert megatron.leaf_spec("ln1", "scale") == P()
 
 
-def test_leading_axes_come_first():  # hybrid's blocks stacked [L, ...] over STAGE
-    assert megatron.leaf_spec("up", "kernel", lead=(STAGE,)) == P(STAGE, None, TENSOR)
-    assert megatron.leaf_spec("down", "kernel", lead=(STAGE,)) == P(STAGE, TENSOR, None)
-    assert megatron.leaf_spec("down", "bias", lead=(STAGE,)) == P(STAGE)
+def test_any_models_leaves_split_by_their_path():
+    # a block's Linear layers as above, wherever the block sits
+    assert megatron.param_spec(("blocks", 3, "up", "kernel")) == P(None, TENSOR)
+    assert megatron.param_spec(("blocks", 3, "ln1", "scale")) == P()
+    # conv pairs by channels: the first conv (and its BN) by output, the second by input
+    for prefix in ((), ("blocks", 0)):  # the CNN's top level, a ResNet block
+        assert megatron.param_spec((*prefix, "conv1", "kernel")) == P(None, None, None, TENSOR)
+        assert megatron.param_spec((*prefix, "bn1", "mean")) == P(TENSOR)
+        assert megatron.param_spec((*prefix, "conv2", "kernel")) == P(None, None, TENSOR, None)
+        assert megatron.param_spec((*prefix, "conv2", "bias")) == P()  # added once, after the psum
+    for replicated in (("conv1",), ("fc1", "kernel"), ("blocks", 1, "proj_conv", "kernel"),
+                       ("blocks", 1, "bn2", "scale"), ("stem_conv", "kernel")):
+        assert megatron.param_spec(replicated) == P()
 
 
 @pytest.mark.parametrize("model,options,degree,needle", [
     ("stack-mlp", dict(width=32, depth=1), 3, "--width 32"),
     ("vit", dict(width=32, depth=1), 8, "4 heads"),
+    ("cnn", {}, 3, "32-channel"),
+    ("resnet", {}, 32, "divisor of 16"),
 ])
 def test_what_does_not_split_names_the_option(model, options, degree, needle):
     built = make_model(model, seed=0, **options)

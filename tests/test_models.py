@@ -142,7 +142,7 @@ def test_stage_layout(name):
 
     np.testing.assert_allclose(*by_hand_and_whole(model, X), rtol=1e-6, atol=1e-6)
 
-    # A pipeline strategy stacks block states under one graphdef: they must all match.
+    # Identical blocks: one graphdef, the same shapes (what the Megatron split assumes).
     splits = [nnx.split(block) for block in model.blocks]
     graphdef0, state0 = splits[0]
     shapes0 = jax.tree.map(jnp.shape, state0)
@@ -156,6 +156,29 @@ def test_stage_layout(name):
     if name == "vit":
         for proj in ("query", "key", "value", "out"):
             assert getattr(block, proj).kernel.shape == (width, width)
+
+
+@pytest.mark.parametrize("name,kwargs", [(n, {}) for n in sorted(SMALL)] + [("cnn", dict(batch_norm=True))])
+def test_layers_compose_to_the_model_and_own_every_parameter(name, kwargs):
+    """What layer-split, pipeline and gems cut into stages: `model.layers()` applied in turn
+    is the model (batch-norm statistics included), and their keys own every parameter and
+    statistic exactly once."""
+    whole, pieces = small(name, **kwargs), small(name, **kwargs)
+
+    @nnx.jit
+    def by_layers(model, x):
+        for layer in model.layers():
+            x = layer(x, True)
+        return x
+
+    np.testing.assert_allclose(by_layers(pieces, X), forward(whole, X, train=True), rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(nnx.state(whole)), jax.tree.leaves(nnx.state(pieces))):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    keys = [k for layer in whole.layers() for k in layer.keys]
+    paths = [tuple(getattr(p, "key", getattr(p, "idx", p)) for p in path)
+             for path, _ in jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(nnx.state(whole)))[0]]
+    owners = [[k for k in keys if path[:len(k)] == k] for path in paths]
+    assert all(len(o) == 1 for o in owners), [(p, o) for p, o in zip(paths, owners) if len(o) != 1]
 
 
 def test_seeding():

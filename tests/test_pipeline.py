@@ -1,6 +1,10 @@
-"""`pipeline` (GPipe and 1F1B) equals `single`; its communication and memory match theory.
+"""`pipeline` (GPipe and 1F1B) equals `single` for every model; its communication, padding
+and memory match theory.
 
-Bad shapes name the option to change."""
+The seeds' models (mlp, cnn, resnet) on 2 and 4 stages cut by FLOPs (stages of uneven layer
+counts and different shapes) and by --stage-boundaries; the ResNet, whose batch norm runs
+per micro-batch, against the per-micro-batch reference (`pipeline_cases.micro_reference`),
+and against `single` itself with one micro-batch. Bad shapes name the option to change."""
 
 import functools
 
@@ -9,6 +13,8 @@ import numpy as np
 import pytest
 
 import equivalence as eq
+import pipeline_cases as pc
+from conftest import requires_devices
 from jaxpar.errors import ConfigError, MeshError
 
 STACK = dict(model="stack-mlp", width=32, depth=4, batch_size=32, lr=0.01)
@@ -32,6 +38,27 @@ def test_stack_mlp_equals_single(schedule, stages, micro):
 def test_vit_equals_single(schedule, stages):
     cfg = eq.config(strategy="pipeline", mesh=f"stage={stages}", microbatches=4, schedule=schedule, **VIT)
     eq.assert_equivalent(reference("vit"), eq.run(cfg, steps=5, devices=stages))
+
+
+@requires_devices(4)
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("model,stages,boundaries", [
+    ("mlp", 2, None), ("mlp", 4, None), ("cnn", 2, None), ("cnn", 4, None),
+    ("resnet", 2, None), ("resnet", 4, None), ("cnn", 2, (1,)), ("resnet", 3, (2, 3))])
+def test_seed_models_equal_single(schedule, model, stages, boundaries):
+    cfg = pc.config(model, strategy="pipeline", mesh=f"stage={stages}", microbatches=4,
+                    schedule=schedule, stage_boundaries=boundaries)
+    got = eq.run(cfg, steps=5, devices=stages)
+    pc.assert_equivalent(pc.reference(model, 4), got)
+    if boundaries:
+        assert got.strategy.describe()["stage_starts"] == [0, *boundaries]
+
+
+@requires_devices(2)
+def test_resnet_with_one_microbatch_equals_single_batch_norm_included():
+    """One micro-batch normalises over the whole batch, as `single` does."""
+    cfg = pc.config("resnet", strategy="pipeline", mesh="stage=2", microbatches=1)
+    pc.assert_equivalent(eq.run(pc.config("resnet")), eq.run(cfg, steps=5, devices=2))
 
 
 def test_remat_changes_memory_not_results():
@@ -62,23 +89,38 @@ def test_collective_bytes_equal_the_schedule_theory(schedule):
     assert acc["collective_bytes_per_step"] == acc["collective_bytes_theory"]["total"]
 
 
-def test_block_parameters_per_device_are_one_sth():
+def test_each_device_holds_its_stage_padded_to_the_largest():
     _, t = _accounting("gpipe", micro=4, stages=4)
-    blocks = t.state.params["blocks"]
-    local = sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(blocks))
-    total = sum(x.nbytes for x in jax.tree.leaves(blocks))
-    assert local * 4 == total
+    d = t.strategy.describe()
+    sizes = d["param_elements_per_stage"]  # stem+block0 | block1 | block2 | block3+head
+    assert sum(sizes) == sum(x.size for x in jax.tree.leaves(t.params)) and len(set(sizes)) > 1
+    rows = t.state.params["rep"]
+    assert rows.addressable_shards[0].data.size == max(sizes)  # one stage per device
+    assert d["param_padding_elements"] == 4 * max(sizes) - sum(sizes)
+
+
+@requires_devices(4)
+def test_padding_bytes_equal_theory_from_the_cnns_shapes():
+    """The CNN cut after every layer hands on [14,14,32], [7,7,64], [128] per example: every
+    send is as wide as the widest, and each micro-batch crosses each boundary twice."""
+    from test_theory_bytes import CNN_BOUNDARIES
+    cfg = pc.config("cnn", strategy="pipeline", mesh="stage=4", microbatches=4, stage_boundaries=(1, 2, 3))
+    d = eq.run(cfg, steps=1, devices=4).strategy.describe()
+    rows, widest = 16 // 4, max(CNN_BOUNDARIES)
+    assert d["boundary_elements_per_example"] == CNN_BOUNDARIES
+    assert d["padding_bytes_per_step"] == 2 * 4 * sum((widest - n) * rows * 4 for n in CNN_BOUNDARIES)
 
 
 @pytest.mark.parametrize("options,needle", [
-    (dict(depth=3, mesh="stage=2"), "--depth"),
+    (dict(depth=1, mesh="stage=4"), "--depth"),                # 3 layers, 4 stages
     (dict(microbatches=5, mesh="stage=2"), "--microbatches"),
-    (dict(model="mlp", width=32, depth=2, mesh="stage=2"), "--model"),
+    (dict(stage_boundaries=(2, 2), mesh="stage=3"), "--stage-boundaries 2,2"),
+    (dict(stage_boundaries=(6,), mesh="stage=2"), "0 stem, 1 block0"),
 ])
 def test_bad_shapes_name_the_option(options, needle):
     base = {**STACK, **options}
     with pytest.raises(ConfigError, match=needle):
-        eq.run(eq.config(strategy="pipeline", **base), steps=1, devices=2)
+        eq.run(eq.config(strategy="pipeline", **base), steps=1, devices=int(options["mesh"][-1]))
 
 
 def test_pipeline_mesh_must_have_a_stage_axis():

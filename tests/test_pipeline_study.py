@@ -1,5 +1,6 @@
 """The pipeline study in its quick mode: schedule bubble equals theory, measured points exist,
-1F1B holds fewer micro-batches than GPipe, and the figures redraw from the JSON alone."""
+1F1B holds fewer micro-batches than GPipe, GEMS idles less than both at no more micro-batches
+in flight but holds twice the parameters, and the figures redraw from the JSON alone."""
 
 import json
 import shutil
@@ -14,15 +15,22 @@ def test_quick_study_measures_points_and_matches_theory(tmp_path):
     assert result["config"]["stages"] == 2 and "cpu_cores" in result["env"]
     rows, S = result["metrics"]["rows"], result["metrics"]["stages"]
     for r in rows:  # fill-drain and 1F1B idle the same share of slots: GPipe's formula
-        assert abs(r["bubble"] - (S - 1) / (r["M"] + S - 1)) < 1e-12, r
+        if r["schedule"] != "gems":
+            assert abs(r["bubble"] - (S - 1) / (r["M"] + S - 1)) < 1e-12, r
+    by = {(r["schedule"], r["M"]): r for r in rows}
+    for r in rows:  # two replicas in opposite directions fill each other's bubble
+        if r["schedule"] == "gems":
+            assert r["bubble"] < by["gpipe", r["M"]]["bubble"] and r["peak_in_flight"] <= S, r
     measured = [r for r in rows if r["images_per_sec"] is not None]
-    assert {r["schedule"] for r in measured} == {"gpipe", "1f1b"}
+    assert {r["schedule"] for r in measured} == {"gpipe", "1f1b", "gems"}
+    top_m = max(r["M"] for r in measured)
+    assert by["gems", top_m]["state_bytes"] > by["1f1b", top_m]["state_bytes"]  # two stages a device
     for r in measured:
         assert r["images_per_sec"] > 0 and r["step_ms"] > 0 and r["temp_bytes"] > 0, r
         assert (out / r["point"] / "result.json").exists()
     peak = {(r["schedule"], r["M"]): r["peak_in_flight"] for r in rows}
     top = max(r["M"] for r in rows)
-    assert all(peak["1f1b", m] <= peak["gpipe", m] for _, m in peak)
+    assert all(peak["1f1b", m] <= peak["gpipe", m] for s, m in peak if s == "gpipe")
     assert peak["1f1b", top] == S < peak["gpipe", top] == top
 
     # Resumed: the points are read back, not measured again.
@@ -40,8 +48,8 @@ def test_quick_study_measures_points_and_matches_theory(tmp_path):
 
 
 def test_bad_options_exit_2_with_the_fix(tmp_path, capsys):
-    assert run(["pipeline", "--stages", "3", "--depth", "8", "--out", str(tmp_path)]) == 2
-    assert "multiple of 3" in capsys.readouterr().err
+    assert run(["pipeline", "--stages", "12", "--depth", "8", "--out", str(tmp_path)]) == 2
+    assert "needs at least 12 layers" in capsys.readouterr().err
     assert run(["pipeline", "--batch-size", "100", "--out", str(tmp_path)]) == 2
     assert "multiple of the largest" in capsys.readouterr().err
     assert not (tmp_path / "pipeline.json").exists()

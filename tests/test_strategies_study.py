@@ -83,8 +83,8 @@ def test_bad_options_exit_2_naming_the_fix(tmp_path, capsys):
     assert run(["strategies", "--strategies", "single,nosuch", "--out", str(tmp_path)]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "nosuch" in err and "dp-auto" in err and "layer-split" in err
-    assert run(["strategies", "--depth", "6", "--out", str(tmp_path)]) == EXIT_USAGE
-    assert "--depth 6" in capsys.readouterr().err
+    assert run(["strategies", "--width", "30", "--out", str(tmp_path)]) == EXIT_USAGE
+    assert "--width 30" in capsys.readouterr().err  # tensor=4 cannot split 30
     assert not (tmp_path / "points").exists()  # checked before any work
 
 
@@ -101,3 +101,22 @@ def test_mpi_strategies_are_skipped_with_the_reason_when_mpi_is_missing(monkeypa
     assert study.point("single", config).bench.matmul_peak is False  # --no-matmul-peak
     mpi = study.point("mpi-allreduce", config)  # --devices ranks of one device each
     assert (mpi.ranks, mpi.config.parallel.devices, mpi.config.parallel.single_thread) == (4, 1, True)
+
+
+def test_the_cnn_gets_model_parallel_rows_and_hybrid_is_skipped_with_why(tmp_path):
+    """The seeds' comparison: --model cnn runs every strategy that places it (hybrid, which
+    needs identical blocks, is skipped with the reason); its model-parallel rows move what
+    their theory says and gems holds two stages per device."""
+    import dataclasses
+
+    names, skipped = study.plan(dataclasses.replace(study.StrategiesConfig(), model="cnn"))
+    assert {"layer-split", "pipeline", "gems", "tensor", "tensor-auto"} <= set(names)
+    assert "hybrid" not in names and "--model cnn" in skipped["hybrid"]
+    config = dataclasses.replace(study.QUICK, model="cnn", devices=2, batch_size=16, microbatches=4,
+                                 strategies=("pipeline", "gems", "tensor"), out=str(tmp_path))
+    assert study.run(config)
+    rows = {r["strategy"]: r for r in json.loads((tmp_path / "strategies.json").read_text())["metrics"]["rows"]}
+    for name in config.strategies:  # explicit collectives: theory exactly
+        assert rows[name]["collective_bytes_per_step"] == rows[name]["collective_bytes_theory"] > 0, name
+    assert rows["pipeline"]["mesh"] == {"stage": 2} and rows["pipeline"]["bubble_fraction"] > 0
+    assert abs(rows["gems"]["state_bytes_per_device"] - 2 * rows["pipeline"]["state_bytes_per_device"]) <= 64

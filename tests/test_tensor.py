@@ -2,9 +2,14 @@
 
 By the equivalence protocol; its all-reduce bytes equal Megatron's theory exactly; parameter
 bytes per device shrink about 1/T; indivisible widths and unsplittable models are clear
-errors."""
+errors. The CNN and the ResNet split their conv pairs by channels; the ResNet's batch norm
+sees the whole batch on every device (its channels split, not its rows), so its statistics
+equal `single`'s too."""
 
+import jax
+import jax.numpy as jnp
 import pytest
+from flax import nnx
 
 import equivalence as eq
 import tensor_cases as tc
@@ -22,6 +27,41 @@ def test_tensor_matches_single(model, mesh):
     measured, theory = tc.step_collective_bytes(got)
     assert measured == theory  # explicit collectives: theory exactly
     tc.assert_blocks_split(got)
+
+
+@requires_devices(4)
+@pytest.mark.parametrize("model,mesh", [("cnn", "tensor=2"), ("cnn", "tensor=4"),
+                                        ("cnn", "data=2,tensor=2"), ("resnet", "tensor=2"),
+                                        ("resnet", "tensor=4")])
+def test_channel_split_convs_match_single(model, mesh):
+    got = tc.run_and_compare("tensor", model, mesh)
+    measured, theory = tc.step_collective_bytes(got)
+    assert measured == theory  # explicit collectives: theory exactly
+    tc.assert_split_as_specified(got)
+
+
+@requires_devices(4)
+@pytest.mark.parametrize("model,mesh", [("cnn", "tensor=4"), ("resnet", "tensor=2")])
+def test_channel_split_equals_single_exactly_in_float64(model, mesh):
+    """In float64 no ReLU or max-pool input ties with its threshold within rounding, so the
+    split's step-1 gradients equal `single`'s to 1e-10 on a batch (batch 16) where float32
+    rounding decides such a tie differently (the ResNet's gradients then differ far beyond
+    the protocol's 1e-5)."""
+    from jaxpar import step as steplib
+    from jaxpar.optim import make_optimizer
+    from jaxpar.train import build_model, make_strategy
+
+    cfg = eq.config(model=model, width=None, depth=None, batch_size=16, strategy="tensor", mesh=mesh)
+    batch = eq.batches(16, 5)[0]
+    with jax.enable_x64(True):
+        graphdef, state = nnx.split(build_model(cfg))
+        wide = nnx.merge(graphdef, jax.tree.map(lambda x: x.astype(jnp.float64), state))
+        _, params, stats = steplib.split_model(wide)
+        want = jax.jit(steplib.grad_fn, static_argnums=1)(params, graphdef, stats, batch)[0]
+        s = make_strategy(cfg)
+        placed = s.init(wide, make_optimizer(cfg.optim, 1), s.make_mesh(jax.devices()[:tc.devices_of(mesh)]))
+        got = s.gradients(placed, s.place_batch(batch))
+        eq.assert_tree_close(jax.device_get(want), jax.device_get(got), tol=1e-10, what="float64 gradients")
 
 
 @requires_devices(4)

@@ -3,6 +3,7 @@
     python -m pytest -q tests/test_time_to_accuracy.py
 """
 
+import dataclasses
 import json
 
 import pytest
@@ -55,7 +56,7 @@ def test_data_parallel_reaches_the_target_at_singles_step_reproducibly(tmp_path,
 
 @pytest.mark.parametrize("flags,needles", [
     (["--models", "mlp,gpt"], ["--models", "gpt", "choices: mlp, cnn, resnet"]),
-    (["--strategies", "pipeline"], ["--strategies", "choices: single, dp-pmap, dp-shard-map"]),
+    (["--strategies", "hybrid"], ["--strategies", "choices: single, dp-pmap, dp-shard-map"]),
     (["--models", "vit"], ["no target accuracy for vit", "--targets"]),
     (["--targets", "mlp=1.5"], ["--targets", "(0, 1]"]),
     (["--targets", "mlp"], ["model=accuracy"])])
@@ -66,3 +67,27 @@ def test_bad_options_exit_2_with_the_fix_and_write_nothing(tmp_path, capsys, fla
     for needle in needles:
         assert needle in err, (needle, err)
     assert not (tmp_path / "x").exists()
+
+
+def test_model_parallel_rows_on_the_cnn_follow_singles_trajectory(tmp_path):
+    """The seeds' comparison in small: the CNN (no batch norm) under layer-split, pipeline
+    (1F1B), gems and tensor trains on single's global batches, so it reaches the target at
+    single's step along single's validation curve; the stages hold less state per device."""
+    from experiments import time_to_accuracy as tta
+
+    config = dataclasses.replace(
+        tta.QUICK, models=("cnn",), width=None, depth=None, targets=("cnn=0.45",), batch_size=24,
+        strategies=("single", "layer-split", "pipeline", "gems", "tensor"), schedules=("1f1b",),
+        synthetic_size=600, val_size=120, out=str(tmp_path / "tta"))
+    tta.run(config)
+    rows, data = _rows(tmp_path / "tta")
+    single = rows.pop("single")
+    assert single["reached"] and set(rows) == {"layer-split", "pipeline", "gems", "tensor"}
+    assert rows["pipeline"]["label"] == "pipeline (1f1b)" and rows["pipeline"]["devices"] == 2
+    for name, r in rows.items():
+        assert r["steps"] == single["steps"], name
+        for a, b in zip(single["curve"], r["curve"], strict=True):
+            assert abs(a["val_accuracy"] - b["val_accuracy"]) <= 2 / config.val_size, name
+    for name in ("layer-split", "pipeline", "tensor"):
+        assert rows[name]["state_bytes_per_device"] < single["state_bytes_per_device"], name
+    assert "| cnn | pipeline (1f1b) | 2 |" in (tmp_path / "tta" / "summary.md").read_text()

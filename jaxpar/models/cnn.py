@@ -13,7 +13,8 @@ import functools
 import jax
 from flax import nnx
 
-from jaxpar.models import layers
+from jaxpar.models import layers, sequence
+from jaxpar.models.sequence import Layer
 
 # Flax's default BN momentum (0.99) lets running statistics lag far behind the weights in
 # runs of a few thousand steps; 0.9 (PyTorch's 0.1) makes eval-mode accuracy trustworthy.
@@ -38,15 +39,25 @@ class CNN(nnx.Module):
         self.fc1 = nnx.Linear(7 * 7 * 64, 128, rngs=rngs)
         self.fc2 = nnx.Linear(128, num_classes, rngs=rngs)
 
+    def after_conv(self, bn: nnx.BatchNorm | None, x: jax.Array, train: bool) -> jax.Array:
+        """What follows a convolution: BN (if any), ReLU, 2x2 max-pool (all per channel, so a
+        tensor-parallel shard of the channels runs it on its own channels alone)."""
+        if bn is not None:
+            x = bn(x, use_running_average=not train)
+        return self.pool(nnx.relu(x))
+
+    def layers(self) -> list[Layer]:
+        """conv1 (+bn1, ReLU, pool), conv2 (+bn2, ReLU, pool), fc1 (flattens), fc2."""
+        bn1, bn2 = getattr(self, "bn1", None), getattr(self, "bn2", None)
+        return [
+            Layer("conv1", sequence.keys_of(self, "conv1", "bn1"),
+                  lambda h, train: self.after_conv(bn1, self.conv1(h), train)),
+            Layer("conv2", sequence.keys_of(self, "conv2", "bn2"),
+                  lambda h, train: self.after_conv(bn2, self.conv2(h), train)),
+            Layer("fc1", (("fc1",),), lambda h, train: nnx.relu(self.fc1(h.reshape(h.shape[0], -1)))),
+            Layer("fc2", (("fc2",),), lambda h, train: self.fc2(h)),
+        ]
+
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
         """Logits [B, num_classes]; `train=True` normalises by batch statistics and updates them."""
-        x = self.conv1(x)
-        if self.batch_norm:
-            x = self.bn1(x, use_running_average=not train)
-        x = self.pool(nnx.relu(x))
-        x = self.conv2(x)
-        if self.batch_norm:
-            x = self.bn2(x, use_running_average=not train)
-        x = self.pool(nnx.relu(x))
-        x = x.reshape(x.shape[0], -1)
-        return self.fc2(nnx.relu(self.fc1(x)))
+        return sequence.apply(self.layers(), x, train)

@@ -12,6 +12,9 @@ from typing import Callable
 import jax
 from flax import nnx
 
+from jaxpar.models import sequence
+from jaxpar.models.sequence import Layer
+
 # Shared with stack_mlp.py, so both models offer the same names.
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": nnx.relu,
@@ -43,10 +46,16 @@ class MLP(nnx.Module):
             [nnx.Linear(a, b, rngs=rngs) for a, b in zip(sizes[:-1], sizes[1:])])
         self.out = nnx.Linear(sizes[-1], num_classes, rngs=rngs)
 
+    def layers(self) -> list[Layer]:
+        """hidden0 (flattens the image), hidden1, ..., out: the pieces stages are cut from."""
+        act = ACTIVATIONS[self.activation]
+
+        def hidden(i):
+            return lambda h, train: act(self.hidden[i](h.reshape(h.shape[0], -1)))
+
+        return ([Layer(f"hidden{i}", (("hidden", i),), hidden(i)) for i in range(len(self.hidden))]
+                + [Layer("out", (("out",),), lambda h, train: self.out(h.reshape(h.shape[0], -1)))])
+
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
         """Logits [B, num_classes] for images [B, 28, 28, 1]; `train` is unused (no BN)."""
-        act = ACTIVATIONS[self.activation]
-        h = x.reshape(x.shape[0], -1)
-        for layer in self.hidden:
-            h = act(layer(h))
-        return self.out(h)
+        return sequence.apply(self.layers(), x, train)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from jaxpar.models import layers
+from jaxpar.models import layers, sequence
 from jaxpar.models.cnn import BN_MOMENTUM
+from jaxpar.models.sequence import Layer
 
 
 def _conv_bn(cin: int, cout: int, kernel: int, stride: int, impl: str, rngs: nnx.Rngs):
@@ -59,9 +60,16 @@ class ResNet(nnx.Module):
         self.blocks = nnx.List(blocks)
         self.head = nnx.Linear(64, num_classes, rngs=rngs)
 
+    def layers(self) -> list[Layer]:
+        """stem (conv, BN, ReLU), block0 ... block(3 depth - 1), head (average pool, Linear)."""
+        def block(i):
+            return lambda h, train: self.blocks[i](h, train)
+
+        return ([Layer("stem", (("stem_conv",), ("stem_bn",)), lambda h, train: nnx.relu(
+                    self.stem_bn(self.stem_conv(h), use_running_average=not train)))]
+                + [Layer(f"block{i}", (("blocks", i),), block(i)) for i in range(len(self.blocks))]
+                + [Layer("head", (("head",),), lambda h, train: self.head(h.mean(axis=(1, 2))))])
+
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
         """Logits [B, num_classes]; `train=True` uses and updates batch statistics."""
-        h = nnx.relu(self.stem_bn(self.stem_conv(x), use_running_average=not train))
-        for block in self.blocks:
-            h = block(h, train)
-        return self.head(h.mean(axis=(1, 2)))
+        return sequence.apply(self.layers(), x, train)

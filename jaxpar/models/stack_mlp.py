@@ -16,7 +16,9 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
+from jaxpar.models import sequence
 from jaxpar.models.mlp import ACTIVATIONS, get_activation
+from jaxpar.models.sequence import Layer
 
 EXPANSION = 4
 
@@ -61,9 +63,15 @@ class StackMLP(nnx.Module):
         """Residual stream [B, width] -> logits [B, num_classes]."""
         return self.head(h)
 
+    def layers(self) -> list[Layer]:
+        """stem (embed), block0 ... block(depth - 1), head (readout)."""
+        def block(i):
+            return lambda h, train: self.blocks[i](h)
+
+        return ([Layer("stem", (("stem",),), lambda h, train: self.embed(h))]
+                + [Layer(f"block{i}", (("blocks", i),), block(i)) for i in range(len(self.blocks))]
+                + [Layer("head", (("head",),), lambda h, train: self.readout(h))])
+
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
         """Logits [B, num_classes]; `train` is unused (no BN)."""
-        h = self.embed(x)
-        for block in self.blocks:
-            h = block(h)
-        return self.readout(h)
+        return sequence.apply(self.layers(), x, train)

@@ -18,6 +18,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxpar.models import sequence
+from jaxpar.models.sequence import Layer
+
 PATCH = 7
 TOKENS = (28 // PATCH) ** 2
 EXPANSION = 4
@@ -85,9 +88,15 @@ class ViT(nnx.Module):
         """Tokens [B, 16, width] -> logits [B, num_classes]."""
         return self.head(self.norm(h).mean(axis=1))
 
+    def layers(self) -> list[Layer]:
+        """embed (patches + positions), block0 ... block(depth - 1), readout (LN, mean, head)."""
+        def block(i):
+            return lambda h, train: self.blocks[i](h)
+
+        return ([Layer("embed", (("patch_embed",), ("pos_embed",)), lambda h, train: self.embed(h))]
+                + [Layer(f"block{i}", (("blocks", i),), block(i)) for i in range(len(self.blocks))]
+                + [Layer("readout", (("norm",), ("head",)), lambda h, train: self.readout(h))])
+
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
         """Logits [B, num_classes]; `train` is unused (no BN, no dropout)."""
-        h = self.embed(x)
-        for block in self.blocks:
-            h = block(h)
-        return self.readout(h)
+        return sequence.apply(self.layers(), x, train)

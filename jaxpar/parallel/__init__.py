@@ -11,6 +11,7 @@ from jaxpar.parallel.dp_auto import DPAuto
 from jaxpar.parallel.dp_pmap import DPPmap
 from jaxpar.parallel.dp_shard_map import DPShardMap
 from jaxpar.parallel.fsdp import FSDP
+from jaxpar.parallel.gems import Gems
 from jaxpar.parallel.hybrid import Hybrid
 from jaxpar.parallel.layer_split import LayerSplit
 from jaxpar.parallel.local_sgd import LocalSGD
@@ -25,7 +26,7 @@ from jaxpar.parallel.tensor_auto import TensorAuto
 STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (
     Single,
     DPPmap, DPShardMap, DPAuto, FSDP, LocalSGD,
-    Tensor, TensorAuto, LayerSplit, Pipeline,
+    Tensor, TensorAuto, LayerSplit, Pipeline, Gems,
     Hybrid,
     MpiAllreduce, MpiParamServer,
 )}

@@ -1,9 +1,12 @@
 """`hybrid`: data x tensor x stage on one mesh, e.g. `--mesh data=2,tensor=2,stage=2`.
 
-The `pipeline` strategy (GPipe or 1F1B over STAGE) with each stage's blocks split
-Megatron-style over TENSOR by `jaxpar.parallel.megatron` (the split `tensor` uses), and the
-batch sharded over DATA (global loss denominator; gradients of weights that are replicated
-over DATA summed explicitly).
+The `pipeline` strategy (GPipe or 1F1B over STAGE, stages cut by FLOPs) with each stage's
+blocks split Megatron-style over TENSOR by `jaxpar.parallel.megatron` (the split `tensor`
+uses), and the batch sharded over DATA (global loss denominator; gradients of weights that
+are replicated over DATA summed explicitly). A stage's parameters are two flat vectors
+(`jaxpar.parallel.stages`): the split leaves' local slices, sharded over STAGE and TENSOR,
+and the replicated rest, sharded over STAGE only, so the replicated weights stay invariant
+over TENSOR and the split's one backward all-reduce per sub-block happens as in `tensor`.
 
     python -m experiments train --strategy hybrid --mesh data=2,tensor=2,stage=2 --devices 8 \\
         --model stack-mlp --dataset synthetic --steps 20 --microbatches 2
@@ -11,13 +14,18 @@ over DATA summed explicitly).
 
 from __future__ import annotations
 
-from flax import nnx
-from jax.sharding import PartitionSpec as P
 
 from jaxpar import mesh as meshlib
 from jaxpar.mesh import DATA, STAGE, TENSOR
 from jaxpar.parallel import megatron
 from jaxpar.parallel.pipeline import Pipeline
+from jaxpar.parallel.stages import Stages
+
+
+def split_dim(path) -> int | None:
+    """The dimension of the leaf at `path` that the Megatron split cuts over TENSOR."""
+    spec = megatron.param_spec(path)
+    return next((i for i, axis in enumerate(spec) if axis == TENSOR), None)
 
 
 class Hybrid(Pipeline):
@@ -25,7 +33,7 @@ class Hybrid(Pipeline):
     family = "hybrid"
     summary = ("data x tensor x stage on one mesh: pipeline stages, Megatron-split blocks, "
                "data-sharded batch")
-    models = ("stack-mlp", "vit")  # identical blocks that stack into stages and split column -> row
+    models = ("stack-mlp", "vit")  # blocks that split column -> row, no batch norm
     data_axis = DATA
     axes = (DATA, TENSOR, STAGE)
 
@@ -45,17 +53,9 @@ class Hybrid(Pipeline):
         axes = super().mesh_axes(spec, devices)
         return {a: axes.get(a, 1) for a in meshlib.AXES}  # all three present: specs name them
 
-    def init(self, model, tx, mesh):
-        megatron.check_divisible(model, mesh.shape[TENSOR], self.name)
-        return super().init(model, tx, mesh)
-
-    def _block_spec(self, path, leaf) -> P:
-        # Blocks are stacked [L, ...] over STAGE; each one's layers split as in `tensor`.
-        layer, kind = (getattr(k, "key", k) for k in path[-2:])
-        return megatron.leaf_spec(layer, kind, lead=(STAGE,))
-
-    def _block(self, block_params, h):
-        return megatron.block(nnx.merge(self.block_graphdef, block_params, self.block_rest), h)
+    def _stages(self, model) -> Stages:
+        return Stages(model, self.starts, self.rows, split=split_dim, degree=self.mesh.shape[TENSOR],
+                      split_layer=lambda m, i: megatron.split_layers(m)[i])
 
     def theory(self) -> dict[str, int]:
         return {}  # measured only: the pipeline's formula does not cover the tensor split

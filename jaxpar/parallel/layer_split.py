@@ -1,18 +1,20 @@
-"""`layer-split`: naive model parallelism, consecutive blocks on consecutive devices.
+"""`layer-split`: naive model parallelism, consecutive layers on consecutive devices.
 
-The model parallelism of the early papers: stage s holds blocks [s*L/S, (s+1)*L/S) (the stem
-on stage 0, the head and the loss on the last), and one whole batch goes through them in
+The model parallelism of the early papers: the model's layers (`model.layers()`, any model)
+are cut into S consecutive stages balanced by FLOPs (`jaxpar.parallel.partition`, or
+`--stage-boundaries`); stage s lives on device s, and one whole batch goes through them in
 turn, so one device works at a time: the baseline a pipeline beats.
 
-Each stage has its own jitted programs on its own device: a forward that returns its output
-and its `jax.vjp` (a pytree of the residuals, which stays on the stage's device), a backward
-that applies that vjp to the incoming gradient (no recomputed forward: like GPipe without
-rematerialisation, the baseline does each FLOP once), and an optimizer update with the shared `apply_update` over that
-stage's parameters and optimizer state. Activations and their gradients move between devices
-with `device_put`; there are no collectives.
+Each stage has its own jitted programs on its own device, so stages of any shapes need no
+padding: a forward that returns its output and its `jax.vjp` (a pytree of the residuals,
+which stays on the stage's device), a backward that applies that vjp to the incoming
+gradient (no recomputed forward: like GPipe without rematerialisation, the baseline does
+each FLOP once), and an optimizer update with the shared `apply_update` over that stage's
+parameters and optimizer state. Activations and their gradients move between devices with
+`device_put`; there are no collectives. Batch norm sees the whole batch, as in `single`.
 
     python -m experiments train --strategy layer-split --mesh stage=2 --devices 2 \
-        --model stack-mlp --dataset synthetic --steps 20
+        --model cnn --dataset synthetic --steps 20
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ from jax.sharding import SingleDeviceSharding
 
 from jaxpar import measure
 from jaxpar import step as steplib
-from jaxpar.mesh import STAGE
-from jaxpar.parallel import layout
-from jaxpar.parallel.base import Strategy, model_option
 from jaxpar.errors import ConfigError
-
-EMBED = ("stem", "patch_embed", "pos_embed")  # top-level params used by `embed` (stage 0)
+from jaxpar.mesh import STAGE
+from jaxpar.models import IMAGE, sequence
+from jaxpar.parallel import layout, partition
+from jaxpar.parallel.base import Strategy
+from jaxpar.parallel.stages import leaves, nest
 
 
 def _get(tree, path):
@@ -65,62 +67,65 @@ def pick(structure, sources):
 class LayerSplit(Strategy):
     name = "layer-split"
     family = "model parallel"
-    summary = ("the naive baseline: consecutive blocks on consecutive devices, one batch at a "
+    summary = ("the naive baseline: consecutive layers on consecutive devices, one batch at a "
                "time, separate programs per stage")
-    models = ("stack-mlp", "vit")  # identical blocks, consecutive ones per stage
+    models = None  # any model: a sequence of layers, stages of any shapes
     default_axes = {STAGE: -1}
     axes = (STAGE,)
+    options = ("stage_boundaries",)
 
     @classmethod
     def check(cls, config, axes):
-        stages, depth = axes.get(STAGE, 1), model_option(config, "depth")
-        if depth % stages:
-            return [f"--depth {depth} blocks do not divide into stage={stages} stages; change "
-                    f"--depth to a multiple of {stages} or --mesh stage=."]
-        return []
+        return partition.boundary_problems(config.parallel.stage_boundaries,
+                                           partition.layer_names(config.model), axes.get(STAGE, 1))
 
     # --- layout ----------------------------------------------------------------------------
     def init(self, model, tx, mesh):
         self.mesh, self.tx = mesh, tx
         self.devices = list(mesh.devices.flat)
-        S, depth = len(self.devices), len(model.blocks)
-        if depth % S:
-            raise ConfigError(f"--depth {depth} blocks do not divide into stage={S} stages; "
-                              f"change --depth to a multiple of {S} or --mesh stage=")
-        self.stages, per = S, depth // S
-        self.ranges = [range(s * per, (s + 1) * per) for s in range(S)]
-        self.graphdef, params, self.model_state = steplib.split_model(model)
-        self.shapes = layout.abstract(params)
+        self.stages = S = len(self.devices)
+        problems = self.check(self.config, {STAGE: S})
+        if problems:
+            raise ConfigError(" ".join(problems))
+        self.starts = partition.cut(self.config, S) if S > 1 else (0,)
+        layers = model.layers()
+        self.ranges = [range(a, b) for a, b in zip(self.starts, (*self.starts[1:], len(layers)))]
+        self.keys = [[k for i in r for k in layers[i].keys] for r in self.ranges]
+        self.names = [[layers[i].name for i in r] for r in self.ranges]
+        # elements per example each stage hands to the next (shapes only)
+        h, self.boundaries = jax.ShapeDtypeStruct((1, *IMAGE), jnp.float32), []
+        for r in self.ranges[:-1]:
+            h = jax.eval_shape(lambda x, r=r: sequence.apply([layers[i] for i in r], x), h)
+            self.boundaries.append(h.size)
+        self.graphdef, params, model_state = steplib.split_model(model)
+        self.shapes, self.state_shapes = layout.abstract(params), layout.abstract(model_state)
         self._build_programs()
-        return self.state_from_reference(steplib.init_state(params, self.model_state, tx))
+        return self.state_from_reference(steplib.init_state(params, model_state, tx))
 
-    def _stage_params(self, params, s):
-        """Stage s's sub-dict of `params`: its blocks, plus the stem (first) or the rest (last)."""
-        out = {"blocks": {i: params["blocks"][i] for i in self.ranges[s]}}
-        for key, value in params.items():
-            if key != "blocks" and ((key in EMBED and s == 0) or
-                                    (key not in EMBED and s == self.stages - 1)):
-                out[key] = value
-        return out
+    def _stage_params(self, tree, s):
+        """Stage s's sub-dict of `tree` (parameters, or batch-norm statistics): its layers'."""
+        owned = lambda path: any(path[:len(k)] == tuple(k) for k in self.keys[s])  # noqa: E731
+        return nest([(path, x) for path, x in leaves(tree) if owned(path)])
 
     def state_from_reference(self, ref):
         ref = jax.device_get(ref)
-        params, opts = [], []
+        params, opts, stats = [], [], []
         for s, dev in enumerate(self.devices):
             p = self._stage_params(ref.params, s)
             opt = pick(jax.eval_shape(self.tx.init, p), [ref.opt_state])
             params.append(jax.device_put(p, dev))
             opts.append(jax.device_put(opt, dev))
+            stats.append(jax.device_put(self._stage_params(ref.model_state, s), dev))
         return steplib.TrainState(step=jax.device_put(ref.step, self.devices[0]),
                                   params=tuple(params), opt_state=tuple(opts),
-                                  model_state=ref.model_state)
+                                  model_state=tuple(stats))
 
     def state_to_reference(self, state):
         state = jax.device_get(state)
         params = pick(self.shapes, list(state.params))
         opt = pick(jax.eval_shape(self.tx.init, self.shapes), list(state.opt_state))
         return steplib.TrainState(step=state.step, params=params, opt_state=opt,
-                                  model_state=state.model_state)
+                                  model_state=pick(self.state_shapes, list(state.model_state)))
 
     def place_batch(self, batch):
         # Images go to the first stage, labels and weights to the last (where the loss is).
@@ -130,40 +135,44 @@ class LayerSplit(Strategy):
                 "weight": jax.device_put(batch["weight"], last)}
 
     # --- per-stage programs ----------------------------------------------------------------
-    def _model(self, stage_params):
-        # Other stages' params are zeros made inside the program; unused, so XLA drops them.
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self.shapes)
-        return nnx.merge(self.graphdef, pick(self.shapes, [stage_params, zeros]), self.model_state)
-
-    def _forward(self, s, params, x):
-        model = self._model(params)
-        h = model.embed(steplib.normalize(x)) if s == 0 else x
+    def _forward(self, s, params, stats, x, train):
+        """Stage s on `x`: its output and its batch-norm statistics after the call."""
+        # Other stages' entries are zeros made inside the program; unused, so XLA drops them.
+        zeros = lambda t: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), t)  # noqa: E731
+        model = nnx.merge(self.graphdef, pick(self.shapes, [params, zeros(self.shapes)]),
+                          pick(self.state_shapes, [stats, zeros(self.state_shapes)]))
+        layers = model.layers()
+        h = steplib.normalize(x) if s == 0 else x
         for i in self.ranges[s]:
-            h = model.blocks[i](h)
-        return h, model
+            h = layers[i](h, train)
+        new = self._stage_params(nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))), s)
+        return h, (new if train else stats)
 
-    def _last_loss(self, params, x, batch):
-        h, model = self._forward(self.stages - 1, params, x)
-        return steplib.loss_from_logits(model.readout(h), batch)
+    def _last_loss(self, params, stats, x, batch):
+        logits, new = self._forward(self.stages - 1, params, stats, x, True)
+        loss, sums = steplib.loss_from_logits(logits, batch)
+        return loss, (sums, new)
 
     def _build_programs(self):
         S = self.stages
         for s in range(S - 1):
-            self._register(f"fwd{s}", lambda p, x, s=s: self._forward(s, p, x)[0])
+            self._register(f"fwd{s}", lambda p, z, x, s=s: self._forward(s, p, z, x, False)[0])
             # training forward: the output and its jax.vjp (a pytree holding the residuals,
             # kept on this device), so the backward program does not recompute the forward
-            self._register(f"train_fwd{s}", lambda p, x, s=s: self._forward_vjp(s, p, x))
+            self._register(f"train_fwd{s}", lambda p, z, x, s=s: self._forward_vjp(s, p, z, x))
             self._register(f"bwd{s}", lambda vjp, g, s=s: self._backward(s, vjp, g))
-        argnums = (0,) if S == 1 else (0, 1)
-        self._register("last", lambda p, x, b: jax.grad(self._last_loss, argnums, has_aux=True)(p, x, b))
-        self._register("last_eval", lambda p, x, b: self._last_loss(p, x, b)[1])
+        argnums = (0,) if S == 1 else (0, 2)
+        self._register("last", lambda p, z, x, b: jax.grad(self._last_loss, argnums, has_aux=True)(p, z, x, b))
+        self._register("last_eval", lambda p, z, x, b: steplib.loss_from_logits(
+            self._forward(S - 1, p, z, x, False)[0], b)[1])
         for s in range(S):
             self._register(f"update{s}", self._update, donate_argnums=(0, 1))
 
-    def _forward_vjp(self, s, params, x):
+    def _forward_vjp(self, s, params, stats, x):
+        """(output, its vjp, the stage's batch-norm statistics after the call)."""
         if s == 0:  # the input is the image batch: no gradient to send back
-            return jax.vjp(lambda p: self._forward(0, p, x)[0], params)
-        return jax.vjp(lambda p, x: self._forward(s, p, x)[0], params, x)
+            return jax.vjp(lambda p: self._forward(0, p, stats, x, True), params, has_aux=True)
+        return jax.vjp(lambda p, x: self._forward(s, p, stats, x, True), params, x, has_aux=True)
 
     @staticmethod
     def _backward(s, vjp, g):
@@ -180,39 +189,43 @@ class LayerSplit(Strategy):
         return self.compiled.get(f"{kind}:{name}") or getattr(self, f"_jit_{name}")
 
     def _grads(self, state, batch, kind="gradients"):
-        """Forward stage by stage, then backward in reverse: per-stage grads and metric sums."""
-        S, x, vjps = self.stages, batch["image"], []
+        """Forward stage by stage, then backward in reverse: per-stage grads, metric sums and
+        batch-norm statistics."""
+        S, x, vjps, stats = self.stages, batch["image"], [], []
         for s in range(S - 1):
-            x, vjp = self._prog(f"train_fwd{s}", kind)(state.params[s], x)
+            x, vjp, new = self._prog(f"train_fwd{s}", kind)(state.params[s], state.model_state[s], x)
             vjps.append(vjp)
+            stats.append(new)
             x = jax.device_put(x, self.devices[s + 1])
         labels = {k: batch[k] for k in ("label", "weight")}
-        grads, sums = self._prog("last", kind)(state.params[-1], x, labels)
+        grads, (sums, new) = self._prog("last", kind)(state.params[-1], state.model_state[-1], x, labels)
+        stats.append(new)
         stage_grads = [None] * S
         stage_grads[-1] = grads[0]
         g = grads[1] if S > 1 else None
         for s in reversed(range(S - 1)):
             g = jax.device_put(g, self.devices[s])
             stage_grads[s], g = self._prog(f"bwd{s}", kind)(vjps[s], g)
-        return stage_grads, sums
+        return stage_grads, sums, tuple(stats)
 
     def step(self, state, batch):
-        stage_grads, sums = self._grads(state, batch, "step")
+        stage_grads, sums, stats = self._grads(state, batch, "step")
         params, opts = zip(*[self._prog(f"update{s}", "step")(state.params[s], state.opt_state[s], g)
                              for s, g in enumerate(stage_grads)])
-        return state.replace(step=state.step + 1, params=params, opt_state=opts), sums
+        return state.replace(step=state.step + 1, params=params, opt_state=opts,
+                             model_state=stats), sums
 
     def gradients(self, state, batch):
-        stage_grads, _ = self._grads(state, batch)
+        stage_grads, _, _ = self._grads(state, batch)
         return pick(self.shapes, jax.device_get(stage_grads))
 
     def eval_step(self, state, batch):
         x = batch["image"]
         for s in range(self.stages - 1):
-            x = jax.device_put(self._prog(f"fwd{s}", "eval_step")(state.params[s], x),
+            x = jax.device_put(self._prog(f"fwd{s}", "eval_step")(state.params[s], state.model_state[s], x),
                                self.devices[s + 1])
-        return self._prog("last_eval", "eval_step")(state.params[-1], x,
-                                       {k: batch[k] for k in ("label", "weight")})
+        return self._prog("last_eval", "eval_step")(state.params[-1], state.model_state[-1], x,
+                                                   {k: batch[k] for k in ("label", "weight")})
 
     def compile(self, name, state, batch):
         """AOT-compile every stage program `name` ('step' or 'eval_step') runs, each on its
@@ -234,20 +247,20 @@ class LayerSplit(Strategy):
         vjps = []
         for s in range(S - 1):
             if name == "step":
-                h, vjp = build(f"train_fwd{s}", state.params[s], x)
+                h, vjp, _ = build(f"train_fwd{s}", state.params[s], state.model_state[s], x)
                 vjps.append(vjp)
             else:
-                h = build(f"fwd{s}", state.params[s], x)
+                h = build(f"fwd{s}", state.params[s], state.model_state[s], x)
             x = on(h, s + 1)
         if name == "step":
-            (grads, _) = build("last", state.params[-1], x, labels)
+            (grads, _) = build("last", state.params[-1], state.model_state[-1], x, labels)
             g = grads[1] if S > 1 else None
             for s in reversed(range(S - 1)):
                 _, g = build(f"bwd{s}", vjps[s], on(g, s))
             for s in range(S):
                 build(f"update{s}", state.params[s], state.opt_state[s], on(state.params[s], s))
         else:
-            build("last_eval", state.params[-1], x, labels)
+            build("last_eval", state.params[-1], state.model_state[-1], x, labels)
         return measure.Programs(name, time.perf_counter() - start, tuple(parts))
 
     # --- accounting ------------------------------------------------------------------------
@@ -278,9 +291,13 @@ class LayerSplit(Strategy):
                 "activation_bytes_per_device": max([*held, memory["last"]["temp_bytes"]])}
 
     def describe(self):
-        return {**super().describe(), "stages": self.stages,
-                "blocks_per_stage": len(self.ranges[0]),
+        return {**super().describe(), "stages": self.stages, "stage_starts": list(self.starts),
+                "stage_layers": self.names,
+                "stage_flops_per_example": partition.stage_costs(self.config, self.starts),
                 "stage_param_bytes": self.stage_param_bytes(),
+                "boundary_elements_per_example": self.boundaries,
+                # each boundary's activations forward and their gradients back, once a step
+                "stage_transfer_bytes_per_step": 2 * self.config.data.batch_size * sum(self.boundaries) * 4,
                 "note": "one batch at a time, one device busy at a time; activations move "
                         "with device_put (no collectives); each stage's backward applies the "
                         "vjp its forward kept (no recomputed forward)"}

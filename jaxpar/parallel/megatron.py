@@ -1,4 +1,4 @@
-"""The Megatron-LM split of a block over the TENSOR axis, shared by `tensor` and `hybrid`.
+"""The Megatron-LM split over the TENSOR axis, shared by `tensor`, `tensor-auto` and `hybrid`.
 
 Shoeybi et al. 2019, fig. 3: a block's column-parallel layers (`up`; in the ViT also
 `query`/`key`/`value`, so every device holds whole attention heads) keep a column slice of
@@ -6,10 +6,12 @@ their kernel and bias; the row-parallel layer after them (`down`, `out`) keeps a
 of its kernel, and its partial products are summed with one `psum` over TENSOR before its
 (replicated) bias is added once. The block input is cast to tensor-varying once (Megatron's
 `f`), so the backward pass has exactly one all-reduce per sub-block too. LayerNorms stay
-replicated.
+replicated. Convolutions split the same way by channels (`jaxpar.parallel.channels`: the
+CNN and the ResNet's blocks); `param_spec` and `split_layers` say how any model splits.
 
     spec = leaf_spec("up", "kernel")            # P(None, 'tensor')
     h = block(block_module, h)                  # inside shard_map, on this device's shard
+    fns = split_layers(model)                   # per layer of model.layers(): split form or None
 """
 
 from __future__ import annotations
@@ -20,29 +22,70 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import TENSOR
-from jaxpar.models import abstract_model
+from jaxpar.models import CNN, ResNet, abstract_model
 from jaxpar.models.mlp import ACTIVATIONS
+from jaxpar.models.resnet import BasicBlock
 from jaxpar.models.vit import TransformerBlock
+from jaxpar.parallel import channels
 
 COLUMN = ("up", "query", "key", "value")  # kernel split on the output dim, bias split
 ROW = ("down", "out")                     # kernel split on the input dim, bias replicated
 
 
-def leaf_spec(layer: str, kind: str, lead: tuple = ()) -> P:
-    """PartitionSpec of one block parameter, `kind` ('kernel', 'bias', 'scale') of `layer`.
-
-    Args:
-      lead: specs of leading dimensions the layout adds (hybrid's stacked blocks: (STAGE,)).
-    """
+def leaf_spec(layer: str, kind: str) -> P:
+    """PartitionSpec of one block parameter, `kind` ('kernel', 'bias', 'scale') of `layer`."""
     if layer in COLUMN:
-        return P(*lead, None, TENSOR) if kind == "kernel" else P(*lead, TENSOR)
+        return P(None, TENSOR) if kind == "kernel" else P(TENSOR)
     if layer in ROW and kind == "kernel":
-        return P(*lead, TENSOR, None)
-    return P(*lead)
+        return P(TENSOR, None)
+    return P()
+
+
+def param_spec(path: tuple) -> P:
+    """PartitionSpec of the parameter or batch-norm statistic at `path` (a key tuple, e.g.
+    ("blocks", 2, "up", "kernel")) of any model the split takes: a block's Linear layers by
+    `leaf_spec`, a conv pair (the CNN's top level, a ResNet block) by `channels.leaf_spec`,
+    everything else (stems, heads, LayerNorms, shortcuts) replicated."""
+    if path[0] == "blocks" and len(path) == 4:
+        layer, kind = path[2], path[3]
+    elif len(path) == 2 and path[0] in ("conv1", "bn1", "conv2"):  # the CNN
+        layer, kind = path
+    else:
+        return P()
+    if layer in COLUMN or layer in ROW:
+        return leaf_spec(layer, kind)
+    return channels.leaf_spec(layer, kind)
+
+
+def split_layers(model) -> list:
+    """Per layer of `model.layers()`: its tensor-split form `(h, train) -> h` (inside
+    shard_map over TENSOR), or None where the layer is replicated."""
+    if isinstance(model, CNN):
+        return channels.cnn_layers(model)
+    found = []
+    for layer in model.layers():
+        (path, *more) = layer.keys
+        module = model.blocks[path[1]] if path[0] == "blocks" and not more else None
+        if isinstance(module, BasicBlock):
+            found.append(lambda h, train, m=module: channels.block(m, h, train))
+        elif module is not None:
+            found.append(lambda h, train, m=module: block(m, h))
+        else:
+            found.append(None)
+    return found
 
 
 def check_divisible(model, degree: int, strategy: str) -> None:
-    """ConfigError if the width (stack-mlp) or head count (vit) does not split `degree` ways."""
+    """ConfigError if the width (stack-mlp), head count (vit) or split channels (cnn, resnet)
+    do not split `degree` ways."""
+    if isinstance(model, (CNN, ResNet)):
+        bad = sorted({c for c in channels.split_channels(model) if c % degree})
+        if bad:
+            good = min(channels.split_channels(model))
+            raise ConfigError(f"--strategy {strategy}: the {type(model).__name__}'s {bad[0]}-channel "
+                              f"convolutions do not split over tensor={degree}; change --mesh tensor= "
+                              f"to a divisor of {good}")
+        return
     block = model.blocks[0]
     width = block.up.in_features
     if isinstance(block, TransformerBlock):

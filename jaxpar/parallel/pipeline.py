@@ -1,18 +1,26 @@
-"""`pipeline`: pipeline parallelism over the STAGE axis, GPipe or 1F1B.
+"""`pipeline`: any model's layers cut into S stages over the STAGE axis, GPipe or 1F1B.
 
-The model's identical blocks are stacked [L, ...] and sharded over STAGE, so stage s holds
-blocks [s L/S, (s+1) L/S); the stem (`embed`) runs on stage 0 and the head (`readout`) plus
-the loss on the last stage. The global batch is cut into M micro-batches; activations move
-stage to stage with `lax.ppermute` inside `jax.shard_map`.
+The model's layers (`model.layers()`) are cut into S consecutive stages balanced by FLOPs
+(`jaxpar.parallel.partition`, or `--stage-boundaries`); stage s lives on device s, held as
+`jaxpar.parallel.stages` lays it out (flat padded vectors, one `lax.switch` branch per
+stage; the padding is reported by `describe`). The global batch is cut into M micro-batches;
+activations move stage to stage with `lax.ppermute` inside `jax.shard_map`.
 
 - gpipe: a `lax.scan` over M + S - 1 forward ticks; `jax.grad` of that loop runs the
-  backward ticks in reverse — fill-drain, every micro-batch's activations kept.
-- 1f1b: a hand-written loop over the slots of `schedules.one_f_one_b`; each slot a stage
-  runs one forward or one backward (a per-stage `jax.vjp`, recomputing the stage from its
-  stashed input), so a stage keeps at most S - s stage inputs instead of M micro-batches.
+  backward ticks in reverse: fill-drain, every micro-batch's activations kept (`--remat`:
+  only each stage's input, the stage recomputed in the backward). XLA keeps the residuals
+  of every `lax.switch` branch that differ in shape (zeros for the branches not taken), so
+  without `--remat` a device holds every stage's residual types, not only its own.
+- 1f1b: a loop over the slots of `schedules.one_f_one_b` (`_slots`): each slot a device
+  runs one forward or one backward (a `jax.vjp` that recomputes its stage from the stage
+  input kept in its inbox), so stage s keeps at most S - s stage inputs, not M.
+
+Batch norm inside a stage normalises with each micro-batch's own statistics (M > 1 differs
+from `single`, which normalises over the whole batch); the running statistics move once a
+step, by the mean of the micro-batches' updates.
 
     python -m experiments train --strategy pipeline --mesh stage=2 --devices 2 \\
-        --model stack-mlp --microbatches 4 --schedule 1f1b --dataset synthetic --steps 50
+        --model cnn --microbatches 4 --schedule 1f1b --dataset synthetic --steps 50
 """
 
 from __future__ import annotations
@@ -21,38 +29,52 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from flax import nnx
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxpar import mesh as meshlib
 from jaxpar import step as steplib
 from jaxpar.errors import ConfigError
-from jaxpar.mesh import DATA, STAGE
-from jaxpar.parallel import layout, schedules
-from jaxpar.parallel.base import Strategy, model_option
+from jaxpar.mesh import DATA, STAGE, TENSOR
+from jaxpar.parallel import layout, partition, schedules
+from jaxpar.parallel.base import Strategy
 from jaxpar.parallel.layout import map_param_trees
+from jaxpar.parallel.stages import REP, SPLIT, Stages
+
+F32 = 4
+
+
+def vary(x, axes: tuple[str, ...]):
+    """`x` cast to varying over `axes` (those it is not varying over already): every branch
+    of a `lax.switch`, and every carry of a loop, must agree on the axes it varies over."""
+    missing = tuple(a for a in axes if a not in jax.typeof(x).mat.varying)
+    return lax.pcast(x, missing, to="varying") if missing else x
+
 
 class Pipeline(Strategy):
     name = "pipeline"
     family = "model parallel"
-    summary = ("blocks stacked and sharded over `stage`; `--microbatches M`, "
-               "`--schedule gpipe|1f1b`, `--remat`")
-    models = ("stack-mlp", "vit")  # identical blocks, stacked [L, ...] and cut into stages
+    summary = ("any model's layers cut into stages balanced by FLOPs, one per device over "
+               "`stage`; `--microbatches M`, `--schedule gpipe|1f1b`, `--remat`, "
+               "`--stage-boundaries`")
+    models = None  # any model: a sequence of layers (`model.layers()`)
     default_axes = {STAGE: -1}
     axes = (STAGE,)
-    options = ("microbatches", "schedule", "remat")
+    options = ("microbatches", "schedule", "remat", "stage_boundaries")
+    batch_norm_per_shard = True  # per micro-batch statistics
+    copies = 1                   # replica copies of the model on the stage devices (gems: 2)
+    data_axis: str | None = None  # batch axis (hybrid: DATA)
 
     @classmethod
     def check(cls, config, axes):
         stages, shards = axes.get(STAGE, 1), axes.get(DATA, 1) if cls.data_axis else 1
-        depth, m, batch = model_option(config, "depth"), config.parallel.microbatches, config.data.batch_size
+        m, batch = config.parallel.microbatches, config.data.batch_size
         problems = []
         if stages < 2:
             problems.append(f"--strategy {cls.name} needs --mesh {STAGE}=S with S >= 2 stages.")
-        elif depth % stages:
-            problems.append(f"--depth {depth} blocks do not divide into {stages} stages; make "
-                            f"--depth a multiple of {STAGE}={stages}.")
+        else:
+            problems += partition.boundary_problems(config.parallel.stage_boundaries,
+                                                    partition.layer_names(config.model), stages)
         if batch % (shards * m):
             problems.append(f"--microbatches {m} must divide the --batch-size {batch} rows of each "
                             f"of the {shards} data shard(s); make --batch-size a multiple of {shards * m}.")
@@ -62,56 +84,65 @@ class Pipeline(Strategy):
     def init(self, model, tx, mesh):
         cfg = self.config
         self.mesh, self.tx = mesh, tx
-        self.S, self.M, self.L = mesh.shape[STAGE], cfg.parallel.microbatches, len(model.blocks)
-        if self.S < 2:
-            raise ConfigError(f"--mesh {STAGE}=S needs S >= 2 stages for a pipeline")
-        if self.L % self.S:
-            raise ConfigError(f"--depth {self.L} blocks do not divide into {self.S} stages; make "
-                              f"--depth a multiple of {STAGE}={self.S}")
+        problems = self.check(cfg, meshlib.mesh_shape(mesh))
+        if problems:
+            raise ConfigError(" ".join(problems))
+        self.S, self.M = mesh.shape[STAGE], cfg.parallel.microbatches
         shards = mesh.shape[self.data_axis] if self.data_axis else 1
-        if self.M < 1 or cfg.data.batch_size % (shards * self.M):
-            raise ConfigError(f"--microbatches {self.M} must divide the --batch-size "
-                              f"{cfg.data.batch_size} rows of each of the {shards} data shard(s)")
-        self.schedule = cfg.parallel.schedule
-        if self.schedule not in schedules.SCHEDULES:
-            raise ConfigError(f"--schedule must be one of {', '.join(schedules.SCHEDULES)}")
-        self.graphdef, params, self.model_state = steplib.split_model(model)
-        self.block_graphdef, _, self.block_rest = steplib.split_model(model.blocks[0])
-        self.ref_template = layout.abstract(params)
-        self.pipe_template = jax.eval_shape(self._to_pipe, params)
-        ref_state = steplib.init_state(params, self.model_state, tx)
-        pipe_state = jax.eval_shape(lambda s: map_param_trees(s, self.ref_template, self._to_pipe), ref_state)
-        spec = lambda t: {"outer": jax.tree.map(lambda _: P(), t["outer"]),  # noqa: E731
-                          "blocks": jax.tree_util.tree_map_with_path(self._block_spec, t["blocks"])}
-        self.state_specs = map_param_trees(pipe_state, self.pipe_template, spec, other=lambda _: P())
+        self.rows = cfg.data.batch_size // (shards * self.M)
+        self.starts = partition.cut(cfg, self.S)
+        self.stages = self._stages(model)
+        self.graphdef, params, model_state = steplib.split_model(model)
+        self.ref_params, self.ref_state = layout.abstract(params), layout.abstract(model_state)
+        packed = self._pack(jax.device_get(steplib.init_state(params, model_state, tx)))
+        self.packed = layout.abstract(packed.params)
+        self.param_specs = {k: self._spec(k) for k in self.packed}
+        # every parameter-shaped tree (parameters, optimizer moments, batch-norm statistics)
+        # is stage rows; scalars (step counts) are replicated
+        self.state_specs = map_param_trees(packed, self.packed, lambda t: {k: self._spec(k) for k in t},
+                                           other=lambda _: P())
         self.batch_spec = P(self.data_axis) if self.data_axis else P()
         self.batch_sharding = NamedSharding(mesh, self.batch_spec)
+        self.table = schedules.schedule(self.schedule_name, self.S, self.M)
+        self.program = schedules.slot_program(self.table)
         shard = functools.partial(jax.shard_map, mesh=mesh, in_specs=(self.state_specs, self.batch_spec))
         self._register("step", shard(self._step, out_specs=(self.state_specs, P())), donate_argnums=0)
-        self._register("gradients", shard(lambda s, b: self._grads(s, b)[0],
-                                          out_specs=spec(self.pipe_template)))
+        self._register("gradients", shard(lambda s, b: self._grads(s, b)[0], out_specs=self.param_specs))
         self._register("eval_step", shard(self._eval, out_specs=P()))
-        self.table = schedules.schedule(self.schedule, self.S, self.M)
-        return self.state_from_reference(ref_state)
+        return self._place(packed)
+
+    @property
+    def schedule_name(self) -> str:
+        return self.config.parallel.schedule
+
+    def _stages(self, model) -> Stages:
+        return Stages(model, self.starts, self.rows)
+
+    def _spec(self, kind: str) -> P:
+        return P(STAGE, TENSOR) if kind == SPLIT else P(STAGE)
 
     # --- layouts ----------------------------------------------------------------------------
-    def _to_pipe(self, params):
-        xp = jnp if isinstance(jax.tree.leaves(params)[0], jax.Array) else np
-        blocks = [params["blocks"][i] for i in range(self.L)]
-        return {"outer": {k: v for k, v in params.items() if k != "blocks"},
-                "blocks": jax.tree.map(lambda *xs: xp.stack(xs), *blocks)}
-
-    def _to_ref(self, pipe):
-        blocks = {i: jax.tree.map(lambda x: x[i], pipe["blocks"]) for i in range(self.L)}
-        return {**pipe["outer"], "blocks": blocks}
+    def _pack(self, ref):
+        pack = self.stages.params.pack
+        # no batch norm: no statistics vectors (a zero-size array loses its sharding in a step)
+        stats = self.stages.state.pack(ref.model_state) if self.has_state else {}
+        return ref.replace(params=pack(ref.params),
+                           opt_state=map_param_trees(ref.opt_state, self.ref_params, pack),
+                           model_state=stats)
 
     def state_to_reference(self, state):
-        return map_param_trees(jax.device_get(state), self.pipe_template, self._to_ref)
+        state = jax.device_get(state)
+        unpack = self.stages.params.unpack
+        return state.replace(params=unpack(state.params),
+                             opt_state=map_param_trees(state.opt_state, self.packed, unpack),
+                             model_state=self.stages.state.unpack(state.model_state) if self.has_state else {})
 
     def state_from_reference(self, ref):
-        pipe = map_param_trees(ref, self.ref_template, self._to_pipe)
+        return self._place(self._pack(jax.device_get(ref)))
+
+    def _place(self, packed):
         shardings = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), self.state_specs)
-        return jax.device_put(pipe, shardings)
+        return jax.device_put(packed, shardings)
 
     def rows_multiple(self) -> int:
         # Training batches also cut into M micro-batches per shard (checked up front);
@@ -124,197 +155,228 @@ class Pipeline(Strategy):
         return jax.device_put(self.pad(batch), self.batch_sharding)
 
     def gradients(self, state, batch):
-        return self._to_ref(jax.device_get(self._call("gradients", state, batch)))
+        return self.stages.params.unpack(jax.device_get(self._call("gradients", state, batch)))
 
-    # --- the model in pieces ------------------------------------------------------------------
-    def _model(self, outer):
-        # The blocks are not used by embed/readout; zeros keep nnx.merge happy and are
-        # removed by the compiler.
-        dummy = jax.tree.map(lambda t: jnp.zeros(t.shape, t.dtype), self.ref_template["blocks"])
-        return nnx.merge(self.graphdef, {**outer, "blocks": dummy}, self.model_state)
-
-    def _embed(self, outer, images):
-        return self._model(outer).embed(steplib.normalize(images))
-
-    def _readout(self, outer, h):
-        return self._model(outer).readout(h)
-
-    def _stage(self, blocks, h):
-        def one_block(h, block_params):
-            return self._block(block_params, h), None
-
-        run = lambda b, h: lax.scan(one_block, h, b)[0]  # noqa: E731
-        return (jax.checkpoint(run) if self.config.parallel.remat else run)(blocks, h)
-
-    # --- axes: the hooks `hybrid` changes ------------------------------------------------------
-    data_axis: str | None = None  # batch axis (hybrid: DATA)
-
+    # --- pieces shared by both schedules ------------------------------------------------------
     @property
     def sum_axes(self) -> tuple[str, ...]:
-        """Axes over which per-device gradients of replicated weights and metrics are summed."""
+        """Axes over which per-device metrics are summed (and the batch is split: DATA)."""
         return (STAGE,) + ((self.data_axis,) if self.data_axis else ())
 
-    def _varying(self, x):
-        return lax.pcast(x, self.sum_axes, to="varying")
+    def _vary(self, tree, kind: str = REP):
+        axes = self.sum_axes + ((TENSOR,) if kind == SPLIT else ())
+        return jax.tree.map(lambda x: vary(x, axes), tree)
 
-    def _vary_params(self, params):
-        # Stem and head are replicated (invariant over STAGE, and DATA): cast them varying so
-        # their gradients stay per device (no implicit sum inside a stage's branch), then add
-        # them up explicitly; blocks are already per stage.
-        blocks = params["blocks"]
-        if self.data_axis:
-            blocks = lax.pcast(blocks, self.data_axis, to="varying")
-        return {"outer": self._varying(params["outer"]), "blocks": blocks}
+    def _vary_buffers(self, buffers):
+        return {k: self._vary(v, k) for k, v in buffers.items()}
+
+    def _mine(self, buffers, copy):
+        """This device's vectors of one replica copy from its [1, (1,) copies, n] shards."""
+        return {k: (v[0] if k == REP else v[0, 0])[copy] for k, v in buffers.items()}
+
+    @staticmethod
+    def _local(vectors):
+        """[copies, n] vectors back in the layout of this device's shard ([1, (1,) copies, n])."""
+        return {k: v[None] if k == REP else v[None, None] for k, v in vectors.items()}
 
     def _denom(self, batch):
         total = batch["weight"].sum()
         return lax.psum(total, self.data_axis) if self.data_axis else total
 
-    def _block_spec(self, path, leaf) -> P:
-        return P(STAGE)
-
-    def _block(self, block_params, h):
-        return nnx.merge(self.block_graphdef, block_params, self.block_rest)(h)
-
     def _micro(self, batch, m_count):
         return jax.tree.map(lambda x: x.reshape(m_count, -1, *x.shape[1:]), batch)
 
+    def _forward(self, s, params, state, inp, train):
+        run = functools.partial(self.stages.forward, s, train=train)
+        out, new = (jax.checkpoint(run) if self.config.parallel.remat else run)(params, state, inp)
+        return self._vary(out), self._vary_buffers(new)
+
+    @property
+    def has_state(self) -> bool:
+        return self.stages.state.width[REP] > 0  # batch-norm statistics
+
     # --- GPipe: grad of a forward tick loop ------------------------------------------------------
-    def _gpipe_loss(self, params, batch, m_count):
-        """This stage's share of the loss (non-zero on the last stage) and metric sums."""
+    def _gpipe_loss(self, params, state, batch, m_count, train=True):
+        """This stage's share of the loss (non-zero on the last stage), its metric sums and its
+        batch-norm statistics summed over its micro-batches."""
         S, s = self.S, lax.axis_index(STAGE)
-        mb = self._micro(batch, m_count)
-        denom = self._denom(batch)
-        act = jax.eval_shape(self._embed, params["outer"], mb["image"][0])
-        zero_sums = {k: self._varying(jnp.zeros((), jnp.float32)) for k in steplib.SUMS}
+        p, z = self._mine(params, 0), self._mine(state, 0)
+        mb, denom = self._micro(batch, m_count), self._denom(batch)
+        branches = [functools.partial(self._tick_branch, st, train) for st in range(S)]
+        zeros = lambda tree: self._vary_buffers(jax.tree.map(jnp.zeros_like, tree))  # noqa: E731
+        rows = mb["label"].shape[1]
 
         def tick(carry, t):
-            recv, loss, sums = carry
+            recv, loss, sums, z_sum = carry
             first = jax.tree.map(lambda x: x[jnp.clip(t, 0, m_count - 1)], mb)
-            inp = jnp.where(s == 0, self._embed(params["outer"], first["image"]), recv)
-            out = self._stage(params["blocks"], inp)
+            out, z_new = lax.switch(s, branches, p, z, first["image"], recv)
+            mine = (t - s >= 0) & (t - s < m_count)  # a real micro-batch on this stage
+            z_sum = jax.tree.map(lambda a, b: a + jnp.where(mine, b, 0.0), z_sum, z_new)
             m_out = t - (S - 1)
             last = jax.tree.map(lambda x: x[jnp.clip(m_out, 0, m_count - 1)], mb)
-            loss_m, sums_m = steplib.loss_from_logits(self._readout(params["outer"], out), last, denom)
+            loss_m, sums_m = steplib.loss_from_logits(out[:, :self.stages.classes], last, denom)
             keep = (s == S - 1) & (m_out >= 0)
             loss = loss + jnp.where(keep, loss_m, 0.0)
             sums = jax.tree.map(lambda a, b: a + jnp.where(keep, b, 0.0), sums, sums_m)
             send = lax.ppermute(out, STAGE, [(i, i + 1) for i in range(S - 1)])
-            return (send, loss, sums), None
+            return (send, loss, sums, z_sum), None
 
-        init = (self._varying(jnp.zeros(act.shape, act.dtype)), self._varying(jnp.zeros((), jnp.float32)), zero_sums)
-        (_, loss, sums), _ = lax.scan(tick, init, jnp.arange(m_count + S - 1))
-        return loss, sums
+        init = (self._vary(jnp.zeros((rows, self.stages.width), jnp.float32)),
+                self._vary(jnp.zeros((), jnp.float32)),
+                self._vary({k: jnp.zeros((), jnp.float32) for k in steplib.SUMS}), zeros(z))
+        (_, loss, sums, z_sum), _ = lax.scan(tick, init, jnp.arange(m_count + S - 1))
+        return loss, (sums, z_sum)
 
-    # --- 1F1B: per-stage vjp in a slot loop ----------------------------------------------------
-    def _one_f_one_b(self, params, batch):
-        S, M, s = self.S, self.M, lax.axis_index(STAGE)
-        kinds = jnp.asarray([[{None: 0, "F": 1, "B": 2}[x[0] if x else None] for x in row] for row in self.table])
-        mbs = jnp.asarray([[x[1] if x else 0 for x in row] for row in self.table])
-        mb = self._micro(batch, M)
-        denom = self._denom(batch)
-        act = jax.eval_shape(self._embed, params["outer"], mb["image"][0])
-        buf = lambda: self._varying(jnp.zeros((S, *act.shape), act.dtype))  # noqa: E731
-        nothing = lambda: self._varying(jnp.zeros(act.shape, act.dtype))  # noqa: E731
-        zero_sums = {k: self._varying(jnp.zeros((), jnp.float32)) for k in steplib.SUMS}
+    def _tick_branch(self, s, train, p, z, image, recv):
+        return self._forward(s, p, z, image if s == 0 else recv, train)
 
-        def stage_out(p, h):
-            return self._stage(p["blocks"], h)
-
-        def last_loss(p, h, y):
-            return steplib.loss_from_logits(self._readout(p["outer"], self._stage(p["blocks"], h)), y, denom)
+    # --- 1F1B and GEMS: a slot loop over a schedule table ----------------------------------------
+    def _slots(self, params, state, batch):
+        """Run `self.table` slot by slot (`schedules.slot_program`). Returns per replica copy
+        the gradients and summed batch-norm statistics (local shapes), and the metric sums."""
+        ops, recv, size = jnp.asarray(self.program[0]), jnp.asarray(self.program[1]), self.program[2]
+        d, S = lax.axis_index(STAGE), self.S
+        mb, denom = self._micro(batch, self.M), self._denom(batch)
+        branches = ([self._idle] + [functools.partial(self._slot_forward, st) for st in range(S)]
+                    + [functools.partial(self._slot_backward, st) for st in range(S)])
+        zeros = lambda tree: self._vary_buffers(jax.tree.map(jnp.zeros_like, tree))  # noqa: E731
+        rows = mb["label"].shape[1]
 
         def slot(carry, t):
-            stash, in_act, in_grad, grads, sums = carry
-            m = mbs[t, s]
+            inbox, grads, z_sum, sums = carry
+            kind, st, r, m, act, grad = (ops[t, d, i] for i in range(6))
             x = jax.tree.map(lambda a: a[m], mb)
+            pick = lambda tree: {k: v[r] for k, v in self._mine(tree, slice(None)).items()}  # noqa: E731
+            index = jnp.where(kind == 0, 0, jnp.where(kind == 1, 1 + st, 1 + S + st))
+            send, dp, dz, sums_m = lax.switch(index, branches, pick(params), pick(state), x,
+                                              inbox[jnp.maximum(act, 0)], inbox[jnp.maximum(grad, 0)], denom)
+            grads = {k: v.at[r].add(dp[k]) for k, v in grads.items()}
+            z_sum = {k: v.at[r].add(dz[k]) for k, v in z_sum.items()}
+            sums = jax.tree.map(jnp.add, sums, sums_m)
+            from_left = lax.ppermute(send, STAGE, [(i, i + 1) for i in range(S - 1)])
+            from_right = lax.ppermute(send, STAGE, [(i + 1, i) for i in range(S - 1)])
+            for got, where in ((from_left, recv[t, d, 0]), (from_right, recv[t, d, 1])):
+                inbox = jnp.where(where >= 0, inbox.at[jnp.maximum(where, 0)].set(got), inbox)
+            return (inbox, grads, z_sum, sums), None
 
-            def idle():
-                return stash, nothing(), nothing(), grads, sums
+        init = (self._vary(jnp.zeros((size, rows, self.stages.width), jnp.float32)),
+                zeros(self._mine(params, slice(None))), zeros(self._mine(state, slice(None))),
+                self._vary({k: jnp.zeros((), jnp.float32) for k in steplib.SUMS}))
+        (_, grads, z_sum, sums), _ = lax.scan(slot, init, jnp.arange(len(self.table)))
+        return grads, z_sum, sums
 
-            def forward():
-                inp = jnp.where(s == 0, self._embed(params["outer"], x["image"]), in_act[m % S])
-                return stash.at[m % S].set(inp), stage_out(params, inp), nothing(), grads, sums
+    def _idle(self, p, z, x, act, grad, denom):
+        rows = x["label"].shape[0]
+        return (self._vary(jnp.zeros((rows, self.stages.width), jnp.float32)),
+                self._vary_buffers(jax.tree.map(jnp.zeros_like, p)),
+                self._vary_buffers(jax.tree.map(jnp.zeros_like, z)),
+                self._vary({k: jnp.zeros((), jnp.float32) for k in steplib.SUMS}))
 
-            def backward():
-                inp = stash[m % S]
+    def _slot_forward(self, s, p, z, x, act, grad, denom):
+        if s == self.S - 1:  # its backward recomputes it and takes the loss
+            return self._idle(p, z, x, act, grad, denom)
+        out, _ = self._forward(s, p, z, x["image"] if s == 0 else act, True)
+        return (out, *self._idle(p, z, x, act, grad, denom)[1:])
 
-                def through_last():
-                    _, vjp, sums_m = jax.vjp(lambda p, h: last_loss(p, h, x), params, inp, has_aux=True)
-                    dp, dh = vjp(self._varying(jnp.ones((), jnp.float32)))
-                    return dp, dh, sums_m
+    def _slot_backward(self, s, p, z, x, act, grad, denom):
+        """Recompute stage s from its input, then its vjp: the gradients of its parameters,
+        of its input (sent back), its batch-norm statistics and, on the last stage, the loss's
+        metric sums."""
+        last = s == self.S - 1
 
-                def through_middle():
-                    _, vjp = jax.vjp(stage_out, params, inp)
-                    dp, dh = vjp(in_grad[m % S])
-                    return dp, dh, zero_sums
+        def run(q, h):
+            out, z_new = self._forward(s, q, z, x["image"] if s == 0 else h, True)
+            if not last:
+                return out, (z_new, self._idle(p, z, x, act, grad, denom)[3])
+            loss, sums = steplib.loss_from_logits(out[:, :self.stages.classes], x, denom)
+            return loss, (z_new, self._vary(sums))
 
-                dp, dh, sums_m = lax.cond(s == S - 1, through_last, through_middle)
-                # stage 0 carries the gradient on into the stem
-                _, vjp_embed = jax.vjp(lambda p: self._embed(p["outer"], x["image"]), params)
-                dp_embed = vjp_embed(jnp.where(s == 0, dh, 0.0))[0]
-                new_grads = jax.tree.map(lambda g, a, b: g + a + b, grads, dp, dp_embed)
-                return stash, nothing(), dh, new_grads, jax.tree.map(jnp.add, sums, sums_m)
-
-            stash, send_act, send_grad, grads, sums = lax.switch(kinds[t, s], [idle, forward, backward])
-            got_act = lax.ppermute(send_act, STAGE, [(i, i + 1) for i in range(S - 1)])
-            got_grad = lax.ppermute(send_grad, STAGE, [(i + 1, i) for i in range(S - 1)])
-            prev, nxt = jnp.maximum(s - 1, 0), jnp.minimum(s + 1, S - 1)
-            in_act = jnp.where((s > 0) & (kinds[t, prev] == 1),
-                               in_act.at[mbs[t, prev] % S].set(got_act), in_act)
-            in_grad = jnp.where((s < S - 1) & (kinds[t, nxt] == 2),
-                                in_grad.at[mbs[t, nxt] % S].set(got_grad), in_grad)
-            return (stash, in_act, in_grad, grads, sums), None
-
-        init = (buf(), buf(), buf(), jax.tree.map(jnp.zeros_like, params), zero_sums)
-        (_, _, _, grads, sums), _ = lax.scan(slot, init, jnp.arange(len(self.table)))
-        return grads, sums
+        if s == 0:
+            _, vjp, (z_new, sums) = jax.vjp(lambda q: run(q, act), p, has_aux=True)
+            dh = jnp.zeros_like(act)
+        else:
+            _, vjp, (z_new, sums) = jax.vjp(run, p, act, has_aux=True)
+        ct = self._vary(jnp.ones((), jnp.float32)) if last else grad
+        dp, *rest = vjp(ct)
+        dh = rest[0] if s > 0 else self._vary(dh)
+        return self._vary(dh), self._vary_buffers(dp), z_new, sums
 
     # --- programs ---------------------------------------------------------------------------
+    def _vary_params(self, params):
+        """Parameters are per stage already; with a DATA axis cast them varying over it too,
+        so each shard's gradient is its own share, summed explicitly (`_combine`)."""
+        if not self.data_axis:
+            return params
+        return {k: lax.pcast(v, self.data_axis, to="varying") for k, v in params.items()}
+
     def _grads(self, state, batch):
+        """(gradients, batch-norm statistics after the step, metric sums), local layouts."""
         params = self._vary_params(state.params)
-        if self.schedule == "gpipe":
-            grads, sums = jax.grad(lambda p: self._gpipe_loss(p, batch, self.M), has_aux=True)(params)
+        if self.schedule_name == "gpipe":
+            grads, (sums, z_sum) = jax.grad(lambda p: self._gpipe_loss(p, state.model_state, batch, self.M),
+                                            has_aux=True)(params)
+            z_sum = self._local({k: v[None] for k, v in z_sum.items()})  # replica copy 0
         else:
-            grads, sums = self._one_f_one_b(params, batch)
-        grads = {"outer": lax.psum(grads["outer"], self.sum_axes),
-                 "blocks": lax.psum(grads["blocks"], self.data_axis) if self.data_axis else grads["blocks"]}
-        return grads, lax.psum(sums, self.sum_axes)
+            grads, z_sum, sums = self._slots(params, state.model_state, batch)
+            grads, z_sum = self._local(grads), self._local(z_sum)
+        grads, z_sum = self._combine(grads, z_sum)
+        model_state = state.model_state
+        if self.has_state:
+            model_state = jax.tree.map(lambda z: z / self.M, z_sum)
+            if self.data_axis:
+                model_state = lax.pmean(model_state, self.data_axis)
+        return grads, model_state, lax.psum(sums, self.sum_axes)
+
+    def _combine(self, grads, z_sum):
+        """Per-device gradient shares summed where the layout needs it (hybrid: over DATA)."""
+        if self.data_axis:
+            grads = lax.psum(grads, self.data_axis)
+        return grads, z_sum
 
     def _step(self, state, batch):
-        grads, sums = self._grads(state, batch)
-        return steplib.apply_update(state, grads, self.tx), sums
+        grads, model_state, sums = self._grads(state, batch)
+        return steplib.apply_update(state, grads, self.tx, model_state), sums
 
     def _eval(self, state, batch):
-        _, sums = self._gpipe_loss(self._vary_params(state.params), batch, 1)
+        params = self._vary_params(state.params)
+        _, (sums, _) = self._gpipe_loss(params, state.model_state, batch, 1, train=False)
         return lax.psum(sums, self.sum_axes)
 
     # --- accounting -------------------------------------------------------------------------
+    def padding_bytes_per_step(self) -> int:
+        """Padding in the sends that carry a real micro-batch: each of the M micro-batches
+        crosses boundary s forward (its activation) and back (its gradient) once."""
+        return 2 * self.M * sum(self.stages.padding_bytes_per_send())
+
     def describe(self) -> dict:
         return {**super().describe(), "stages": self.S, "microbatches": self.M,
-                "schedule": self.schedule, "blocks_per_stage": self.L // self.S,
+                "schedule": self.schedule_name, "stage_starts": list(self.starts),
+                "stage_flops_per_example": partition.stage_costs(self.config, self.starts),
+                **self.stages.describe(),
+                "padding_bytes_per_step": self.padding_bytes_per_step(),
                 "slots": len(self.table), "bubble_fraction": schedules.bubble_fraction(self.table),
-                "bubble_theory": schedules.bubble_theory(self.S, self.M),
+                "bubble_theory": self.bubble_theory(),
                 "peak_in_flight_per_stage": schedules.peak_in_flight(self.table),
                 "remat": self.config.parallel.remat}
 
+    def sends_per_step(self) -> int:
+        """Point-to-point sends of the [rows, A] buffer per device per step (operands): GPipe
+        one per forward tick and its transpose; the slot loop two per slot (to each side)."""
+        return 2 * (self.M + self.S - 1) if self.schedule_name == "gpipe" else 2 * len(self.table)
+
     def theory(self) -> dict[str, int]:
-        """Each slot a stage sends one micro-batch activation on (GPipe: forward ticks, and
-        their transposes backward; 1F1B: every slot sends an activation forward and a
-        gradient backward); stem and head gradients are all-reduced once, with 3 scalars."""
-        mb_rows = self.config.data.batch_size // self.M
-        act = jax.eval_shape(self._model(jax.tree.map(lambda t: jnp.zeros(t.shape, t.dtype),
-                                                      self.pipe_template["outer"])).embed,
-                             jax.ShapeDtypeStruct((mb_rows, 28, 28, 1), jnp.float32))
-        act_bytes = int(np.prod(act.shape)) * act.dtype.itemsize
-        sends = 2 * (self.M + self.S - 1) if self.schedule == "gpipe" else 2 * len(self.table)
-        outer = sum(int(np.prod(t.shape)) * t.dtype.itemsize
-                    for t in jax.tree.leaves(self.pipe_template["outer"]))
-        ops = {"collective-permute": sends * act_bytes, "all-reduce": outer + 12}
+        """Every send moves the whole padded buffer [rows, A] (f32); the metric sums (3 f32)
+        are all-reduced once."""
+        ops = {"collective-permute": self.sends_per_step() * self.rows * self.stages.width * F32,
+               "all-reduce": 3 * F32}
         return {**ops, "total": sum(ops.values())}
 
     def accounting(self, programs, state):
         out = super().accounting(programs, state)
         return {**out, "activation_bytes_per_device": programs.memory["temp_bytes"],
+                "padding_bytes_per_step": self.padding_bytes_per_step(),
                 "bubble_fraction": schedules.bubble_fraction(self.table),
-                "bubble_theory": schedules.bubble_theory(self.S, self.M)}
+                "bubble_theory": self.bubble_theory()}
+
+    def bubble_theory(self) -> float:
+        return schedules.bubble_theory(self.S, self.M)

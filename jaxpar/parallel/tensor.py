@@ -5,10 +5,12 @@ Shoeybi et al. 2019, fig. 3; `_TensorBase` is what it shares with `tensor-auto`.
 Each block is split as `jaxpar.parallel.megatron` says: column-parallel `up` (and the ViT's
 `query`/`key`/`value`, whole heads per device), row-parallel `down`/`out` whose partial
 products meet in one `psum` over TENSOR, one all-reduce per sub-block forward and one
-backward. Stem, head, LayerNorms and the position embedding are replicated. A DATA axis, if
-the mesh has one, shards the batch.
+backward. The CNN's conv pair and each ResNet block split the same way by channels
+(`jaxpar.parallel.channels`: first conv by output channels, second by input channels, one
+all-reduce). Stems, heads, LayerNorms and the position embedding are replicated. A DATA
+axis, if the mesh has one, shards the batch (batch norm then normalises per data shard).
 
-    python -m experiments train --strategy tensor --mesh tensor=2 --devices 2 --model stack-mlp \
+    python -m experiments train --strategy tensor --mesh tensor=2 --devices 2 --model cnn \
         --dataset synthetic --steps 20
 """
 
@@ -25,19 +27,17 @@ from jaxpar import mesh as meshlib
 from jaxpar import step as steplib
 from jaxpar import theory
 from jaxpar.mesh import DATA, TENSOR
-from jaxpar.models import ViT
-from jaxpar.parallel import megatron
+from jaxpar.models import CNN, ResNet, ViT
+from jaxpar.parallel import channels, megatron
 from jaxpar.parallel.base import Strategy
 
 
 def param_specs(params) -> dict:
-    """PartitionSpec per parameter from its path: Megatron column/row splits inside blocks
-    (params["blocks"][i][layer][kind]), everything else replicated."""
+    """PartitionSpec per leaf from its path (`megatron.param_spec`): Megatron column/row
+    splits inside blocks, channel splits of conv pairs, everything else replicated. Also
+    for batch-norm statistics (they follow their channels)."""
     def spec(path, _):
-        keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
-        if keys[0] == "blocks" and len(keys) == 4:
-            return megatron.leaf_spec(keys[2], keys[3])
-        return P()
+        return megatron.param_spec(tuple(getattr(k, "key", getattr(k, "idx", None)) for k in path))
     return jax.tree_util.tree_map_with_path(spec, params)
 
 
@@ -47,7 +47,7 @@ def state_specs(state: steplib.TrainState, tx, pspecs) -> steplib.TrainState:
                                    transform_non_params=lambda _: P(),
                                    is_leaf=lambda x: isinstance(x, P))
     return steplib.TrainState(step=P(), params=pspecs, opt_state=ospecs,
-                              model_state=jax.tree.map(lambda _: P(), state.model_state))
+                              model_state=param_specs(state.model_state))
 
 
 def sharded_names(pspecs) -> list[str]:
@@ -70,7 +70,8 @@ class _TensorBase(Strategy):
     """What `tensor` and `tensor-auto` share: mesh checks, the sharded state, accounting."""
 
     family = "model parallel"
-    models = ("stack-mlp", "vit")  # identical blocks whose layers split column -> row
+    # blocks whose layers split column -> row; the CNN's and ResNet blocks' conv pairs by channels
+    models = ("cnn", "resnet", "stack-mlp", "vit")
     default_axes = {TENSOR: -1}
     axes = (DATA, TENSOR)
 
@@ -83,8 +84,7 @@ class _TensorBase(Strategy):
         shape = meshlib.mesh_shape(mesh)
         self.degree, self.data = shape.get(TENSOR, 1), shape.get(DATA, 1)
         megatron.check_divisible(model, self.degree, self.name)
-        self.is_vit = isinstance(model, ViT)
-        self.width, self.depth = model.blocks[0].up.in_features, len(model.blocks)
+        self.model = model  # for the theory, read from its shapes
         self.graphdef, params, model_state = steplib.split_model(model)
         ref = steplib.init_state(params, model_state, tx)
         self.pspecs = param_specs(params)
@@ -113,9 +113,13 @@ class _TensorBase(Strategy):
 
     def theory(self) -> dict[str, int]:
         batch_local = self.config.data.batch_size // self.data
+        if isinstance(self.model, (CNN, ResNet)):  # channel-split conv pairs
+            split = channels.collective_bytes(self.model, batch_local) if self.degree > 1 else 0
+            return {"total": split + (self.param_bytes + 3 * theory.F32 if self.data > 1 else 0)}
         total = theory.tensor_collective_bytes(
-            batch_local=batch_local, width=self.width, depth=self.depth, degree=self.degree,
-            vit=self.is_vit, data=self.data, param_bytes_local=self.param_bytes)
+            batch_local=batch_local, width=self.model.blocks[0].up.in_features,
+            depth=len(self.model.blocks), degree=self.degree, vit=isinstance(self.model, ViT),
+            data=self.data, param_bytes_local=self.param_bytes)
         return {"total": total}
 
     def accounting(self, programs, state) -> dict:
@@ -124,14 +128,14 @@ class _TensorBase(Strategy):
     def describe(self):
         return {**super().describe(), "tensor_degree": self.degree, "data_degree": self.data,
                 "sharded_params": sharded_names(self.pspecs),
-                "replicated": "stem/patch_embed, pos_embed, LayerNorms, head, row-layer biases",
+                "replicated": "stems, pos_embed, LayerNorms, heads, row-layer biases, shortcuts",
                 "param_bytes_per_device": self.param_bytes}
 
 
 class Tensor(_TensorBase):
     name = "tensor"
     summary = ("Megatron column->row split over `tensor` in `jax.shard_map` (stack-mlp MLP "
-               "blocks; ViT heads)")
+               "blocks; ViT heads; CNN and ResNet conv pairs by channels)")
 
     def _build_programs(self):
         batch_specs = {"image": self.batch_spec, "label": self.batch_spec,
@@ -146,12 +150,16 @@ class Tensor(_TensorBase):
         self._register("gradients", grads)
         self._register("eval_step", evals)
 
-    def _loss(self, params, model_state, batch, denom):
+    def _loss(self, params, model_state, batch, denom, train=True):
+        """The loss of this device's shard of the model, its metric sums and batch-norm
+        statistics after the call."""
         model = nnx.merge(self.graphdef, params, model_state)
-        h = model.embed(steplib.normalize(batch["image"]))
-        for block in model.blocks:
-            h = megatron.block(block, h)
-        return steplib.loss_from_logits(model.readout(h), batch, denom)
+        h = steplib.normalize(batch["image"])
+        for layer, split in zip(model.layers(), megatron.split_layers(model)):
+            h = (split or layer)(h, train)
+        loss, sums = steplib.loss_from_logits(h, batch, denom)
+        new_state = nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))) if train else model_state
+        return loss, (new_state, sums)
 
     def _grads_and_sums(self, state, batch):
         params, denom = state.params, None
@@ -160,18 +168,20 @@ class Tensor(_TensorBase):
             # gradient is this shard's share, summed explicitly below (not implicitly).
             params = jax.lax.pcast(params, DATA, to="varying")
             denom = jax.lax.psum(batch["weight"].sum(), DATA)
-        grads, sums = jax.grad(self._loss, has_aux=True)(params, state.model_state, batch, denom)
+        grads, (model_state, sums) = jax.grad(self._loss, has_aux=True)(
+            params, state.model_state, batch, denom)
         if self.data > 1:
             grads, sums = jax.lax.psum((grads, sums), DATA)
-        return grads, sums
+            model_state = jax.lax.pmean(model_state, DATA)
+        return grads, model_state, sums
 
     def _local_step(self, state, batch):
-        grads, sums = self._grads_and_sums(state, batch)
-        return steplib.apply_update(state, grads, self.tx), sums
+        grads, model_state, sums = self._grads_and_sums(state, batch)
+        return steplib.apply_update(state, grads, self.tx, model_state), sums
 
     def _local_grads(self, state, batch):
         return self._grads_and_sums(state, batch)[0]
 
     def _local_eval(self, state, batch):
-        _, sums = self._loss(state.params, state.model_state, batch, None)
+        _, (_, sums) = self._loss(state.params, state.model_state, batch, None, train=False)
         return jax.lax.psum(sums, DATA) if self.data > 1 else sums

@@ -1,0 +1,115 @@
+"""Convolutions split over the TENSOR axis by channels, Megatron-style (CNN, ResNet blocks).
+
+A pair of convolutions splits like Megatron's column -> row pair of Linears: the first conv
+keeps a slice of its *output* channels (kernel [..., C/T], bias and the batch norm after it
+per channel), so ReLU and pooling run on each device's channels alone; the second keeps the
+matching slice of its *input* channels (kernel [:, :, C/T, :]), its partial outputs are
+summed with one `psum` over TENSOR, and its bias (if any) is added once after the sum. The
+pair's input is cast tensor-varying once (Megatron's `f`), so its gradient is all-reduced
+once in the backward pass, unless nothing needs it (the CNN's first conv reads the image).
+
+- CNN: conv1 (+bn1) by output channels, conv2 by input channels; fc1, fc2 replicated. One
+  all-reduce of conv2's output [B, 14, 14, 64] per step.
+- ResNet: in each basic block conv1 (+bn1) by output, conv2 by input; bn2, the projection
+  shortcut, the stem and the head replicated. Per block one all-reduce of the block's
+  output before bn2 [B, H, W, C_out] forward and one of its input gradient [B, H', W', C_in]
+  backward.
+
+Batch norm per channel sees the same (local) batch whether its channels are split or not,
+so the split changes no statistic.
+
+    spec = leaf_spec(("blocks", 0, "conv1", "kernel"))   # P(None, None, None, 'tensor')
+    h = block(basic_block, h, train)                      # inside shard_map over TENSOR
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from jaxpar.mesh import TENSOR
+from jaxpar.models import CNN, IMAGE
+from jaxpar.models.resnet import BasicBlock
+
+F32 = 4
+
+
+def leaf_spec(layer: str, kind: str) -> P:
+    """PartitionSpec of a conv-pair leaf (`layer` conv1/bn1/conv2, `kind` kernel/bias/scale/
+    mean/var); anything else is replicated."""
+    if layer == "conv1":
+        return P(None, None, None, TENSOR) if kind == "kernel" else P(TENSOR)
+    if layer == "bn1":
+        return P(TENSOR)
+    if layer == "conv2" and kind == "kernel":
+        return P(None, None, TENSOR, None)
+    return P()
+
+
+def split_channels(model) -> list[int]:
+    """The channel counts the split divides: each pair's first-conv output channels."""
+    if isinstance(model, CNN):
+        return [model.conv1.out_features]
+    return [b.conv1.out_features for b in model.blocks]
+
+
+def _varying(x: jax.Array) -> jax.Array:
+    # Megatron's `f`: identity forward; its transpose is the pair's one backward all-reduce.
+    return jax.lax.pcast(x, TENSOR, to="varying")
+
+
+def _without_bias(conv: nnx.Conv) -> nnx.Conv:
+    """The same convolution (the module's own implementation) with a zero bias."""
+    graphdef, state = nnx.split(conv)
+    state = nnx.to_pure_dict(state)
+    state["bias"] = jnp.zeros_like(state["bias"])
+    return nnx.merge(graphdef, state)
+
+
+def row_conv(conv: nnx.Conv, h: jax.Array) -> jax.Array:
+    """Row-parallel conv: partial sums over this device's input channels, all-reduced over
+    TENSOR, then the bias added once."""
+    if conv.bias is None:
+        return jax.lax.psum(conv(h), TENSOR)
+    return jax.lax.psum(_without_bias(conv)(h), TENSOR) + conv.bias[...]
+
+
+def block(module: BasicBlock, h: jax.Array, train: bool) -> jax.Array:
+    """A ResNet basic block on this device's channel shard: the same math as
+    `module(h, train)` on the whole block."""
+    ura = not train
+    y = nnx.relu(module.bn1(module.conv1(_varying(h)), use_running_average=ura))
+    y = module.bn2(row_conv(module.conv2, y), use_running_average=ura)
+    shortcut = module.proj_bn(module.proj_conv(h), use_running_average=ura) if module.project else h
+    return nnx.relu(y + shortcut)
+
+
+def cnn_layers(model: CNN) -> list:
+    """The CNN's layers on this device's channel shard: conv1's stage on its output
+    channels, conv2's summed over input channels, the head replicated."""
+    layers = model.layers()
+
+    def second(h, train):
+        return model.after_conv(getattr(model, "bn2", None), row_conv(model.conv2, h), train)
+
+    return [lambda h, train: layers[0](_varying(h), train), second, None, None]
+
+
+def collective_bytes(model, batch_local: int) -> int:
+    """All-reduce operand bytes per training step of the channel split (one device): each
+    pair's summed output forward, and its input gradient backward where one is needed."""
+    # The model goes in as an argument, shapes only: its arrays may be donated by now, and a
+    # layer closing over them would read them (the cpu convs index their kernels).
+    graphdef, state = nnx.split(model)
+    state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state)
+    total, h = 0, jax.ShapeDtypeStruct((batch_local, *IMAGE), jnp.float32)
+    for i, layer in enumerate(model.layers()):
+        out = jax.eval_shape(lambda s, x, i=i: nnx.merge(graphdef, s).layers()[i](x, False), state, h)
+        if isinstance(model, CNN) and i == 1:  # conv2's output, before pooling
+            total += batch_local * h.shape[1] * h.shape[2] * model.conv2.out_features * F32
+        elif not isinstance(model, CNN) and layer.name.startswith("block"):
+            total += (out.size + h.size) * F32
+        h = out
+    return total

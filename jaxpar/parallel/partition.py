@@ -1,0 +1,121 @@
+"""Cutting a model's layers (`model.layers()`) into S consecutive stages balanced by FLOPs.
+
+A layer's cost is XLA's cost analysis (HLO FLOPs of the lowered program, nothing compiled or
+run) of its training work on one example: its forward in training mode and its backward,
+the gradients of its parameters and of its input (the first layer's input is the image,
+whose gradient nobody computes). FLOPs, not parameter bytes: the slowest stage sets a
+pipeline's pace, and a convolution's parameters say little about its time (the CNN's conv2
+holds 4% of its parameters and ~60% of its FLOPs). The cut minimises the largest stage's
+FLOPs over every way of cutting the sequence (dynamic programming over the layers), so
+stages differ in their layer counts when the layers differ in cost.
+
+`--stage-boundaries 2,5` overrides the cut: the first layer of each stage after the first.
+
+    layers = model_layers(config.model)               # [(name, flops per example), ...]
+    starts = cut(config, stages=4)                    # (0, 2, 3, 5): stage s = [starts[s], starts[s+1])
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxpar.config import ModelConfig, TrainConfig
+from jaxpar.errors import ConfigError
+from jaxpar.models import IMAGE, abstract_model
+from jaxpar.step import split_model
+
+
+
+@functools.lru_cache(maxsize=32)
+def model_layers(model_config: ModelConfig) -> tuple[tuple[str, float], ...]:
+    """(name, training FLOPs per example) of each layer of the model `model_config` builds,
+    from XLA's cost analysis of each layer's forward and backward (shapes only: the model is
+    traced with `nnx.eval_shape`, nothing is allocated). Cached per model configuration."""
+    model = abstract_model(model_config)
+    graphdef, params, rest = split_model(model)
+    h = jax.ShapeDtypeStruct((1, *IMAGE), jnp.float32)
+    found = []
+    for i, layer in enumerate(model.layers()):
+        def run(p, x, r, i=i):
+            return nnx.merge(graphdef, p, r).layers()[i](x, True)
+
+        work = functools.partial(_train_work, run, i > 0)
+        cost = jax.jit(work).lower(params, h, rest).cost_analysis()
+        found.append((layer.name, float((cost or {}).get("flops", 0.0))))
+        h = jax.eval_shape(run, params, h, rest)
+    return tuple(found)
+
+
+def _train_work(run, input_grad: bool, params, x, rest):
+    """A layer's forward and backward: the gradients of its parameters (and of its input
+    when `input_grad`), its output standing in for the incoming gradient."""
+    if not input_grad:
+        out, vjp = jax.vjp(lambda p: run(p, x, rest), params)
+    else:
+        out, vjp = jax.vjp(lambda p, h: run(p, h, rest), params, x)
+    return vjp(out)
+
+
+def balanced(costs: list[float], stages: int) -> tuple[int, ...]:
+    """First layer of each of `stages` consecutive non-empty stages minimising the largest
+    stage's summed cost (ties: the earliest cut found)."""
+    n = len(costs)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    span = lambda a, b: prefix[b] - prefix[a]  # noqa: E731
+    # best[s][i]: (largest stage cost, starts) cutting layers [0, i) into s stages
+    best = {(1, i): (span(0, i), (0,)) for i in range(1, n + 1)}
+    for s in range(2, stages + 1):
+        for i in range(s, n + 1):
+            best[(s, i)] = min(((max(best[(s - 1, j)][0], span(j, i)), best[(s - 1, j)][1] + (j,))
+                                for j in range(s - 1, i)), key=lambda x: x[0])
+    return best[(stages, n)][1]
+
+
+def boundary_problems(boundaries, names: list[str], stages: int) -> list[str]:
+    """What is wrong with `--stage-boundaries` for a model with layers `names` cut into
+    `stages` stages, one sentence naming the fix; [] when it is usable (or not given)."""
+    n = len(names)
+    listing = ", ".join(f"{i} {name}" for i, name in enumerate(names))
+    if stages > n:
+        return [f"--mesh stage={stages} needs at least {stages} layers, one per stage, but the model "
+                f"has {n} layers ({listing}); use fewer stages or a deeper model (--depth, where "
+                f"the model takes it)."]
+    if boundaries is None:
+        return []
+    b = list(boundaries)
+    if len(b) != stages - 1 or b != sorted(set(b)) or not all(0 < x < n for x in b):
+        return [f"--stage-boundaries {','.join(map(str, b))} must be {stages - 1} increasing layer "
+                f"indices between 1 and {n - 1} (the first layer of each stage after the first); "
+                f"the model's layers are {listing}."]
+    return []
+
+
+def cut(config: TrainConfig, stages: int) -> tuple[int, ...]:
+    """First layer of each stage: `--stage-boundaries` when given, else balanced by FLOPs.
+    ConfigError naming the fix when the model cannot be cut so."""
+    layers = model_layers(config.model)
+    boundaries = config.parallel.stage_boundaries
+    problems = boundary_problems(boundaries, [n for n, _ in layers], stages)
+    if problems:
+        raise ConfigError(" ".join(problems))
+    if boundaries is not None:
+        return (0, *boundaries)
+    return balanced([c for _, c in layers], stages)
+
+
+def stage_costs(config: TrainConfig, starts: tuple[int, ...]) -> list[float]:
+    """Training FLOPs per example of each stage of the cut `starts`."""
+    costs = [c for _, c in model_layers(config.model)]
+    ends = (*starts[1:], len(costs))
+    return [sum(costs[a:b]) for a, b in zip(starts, ends)]
+
+
+def layer_names(model_config: ModelConfig) -> list[str]:
+    """The names of the model's layers, in order (no cost analysis: for checks)."""
+    return [layer.name for layer in abstract_model(model_config).layers()]
