@@ -29,7 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxpar import step as steplib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import DATA, STAGE
-from jaxpar.parallel import layout, schedules
+from jaxpar.parallel import layout, processes, schedules
 from jaxpar.parallel.base import Strategy, model_option
 from jaxpar.parallel.layout import map_param_trees
 
@@ -42,6 +42,7 @@ class Pipeline(Strategy):
     default_axes = {STAGE: -1}
     axes = (STAGE,)
     options = ("microbatches", "schedule", "remat")
+    multiprocess = True  # stages on one global mesh under jax.distributed
 
     @classmethod
     def check(cls, config, axes):
@@ -106,12 +107,12 @@ class Pipeline(Strategy):
         return {**pipe["outer"], "blocks": blocks}
 
     def state_to_reference(self, state):
-        return map_param_trees(jax.device_get(state), self.pipe_template, self._to_ref)
+        return map_param_trees(layout.fetch(state), self.pipe_template, self._to_ref)
 
     def state_from_reference(self, ref):
         pipe = map_param_trees(ref, self.ref_template, self._to_pipe)
         shardings = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), self.state_specs)
-        return jax.device_put(pipe, shardings)
+        return processes.place(pipe, shardings)
 
     def rows_multiple(self) -> int:
         # Training batches also cut into M micro-batches per shard (checked up front);
@@ -121,10 +122,10 @@ class Pipeline(Strategy):
     def place_batch(self, batch):
         # Every stage sees the batch (its data shard): stage 0 reads images, the last stage
         # labels and weights.
-        return jax.device_put(self.pad(batch), self.batch_sharding)
+        return processes.place(self.pad(batch), self.batch_sharding)
 
     def gradients(self, state, batch):
-        return self._to_ref(jax.device_get(self._call("gradients", state, batch)))
+        return self._to_ref(layout.fetch(self._call("gradients", state, batch)))
 
     # --- the model in pieces ------------------------------------------------------------------
     def _model(self, outer):
