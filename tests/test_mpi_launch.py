@@ -51,6 +51,21 @@ def test_missing_mpi4jax_says_how_to_install(monkeypatch):
         mpi_common.import_mpi()
 
 
+def test_a_launch_of_a_one_process_strategy_is_refused_naming_those_that_can(monkeypatch):
+    from experiments.run import distributed_mode
+    from jaxpar.config import TrainConfig, with_options
+    from jaxpar.parallel import STRATEGIES
+
+    monkeypatch.setenv("PMI_SIZE", "2")  # as under mpiexec -n 2
+    with pytest.raises(ConfigError, match="cannot run across processes") as error:
+        distributed_mode(with_options(TrainConfig(), strategy="single"))
+    able = str(error.value).split("can: ")[1].split(", ")
+    assert able == [n for n, cls in STRATEGIES.items() if cls.multiprocess or cls.uses_mpi]
+    assert len(able) == len(STRATEGIES) - 1  # all but `single`
+    assert distributed_mode(with_options(TrainConfig(), strategy="hybrid")) == "auto"
+    assert distributed_mode(with_options(TrainConfig(), strategy="mpi-pipeline")) == "none"
+
+
 @pytest.mark.skipif(not MPIEXEC.exists() or shutil.which("timeout") is None,
                     reason="needs the `mpi` extra in this venv (make test installs it)")
 def test_failing_rank_ends_the_job_quickly():

@@ -52,7 +52,7 @@ def test_quick_rank_scaling_records_the_world_and_ratios(tmp_path):
 
 def test_rank_mode_rejects_a_single_process_strategy_before_any_work(tmp_path, capsys):
     out = tmp_path / "never"
-    code = run(["scaling", "--ranks", "1,2", "--rank-strategies", "dp-pmap", "--out", str(out)])
+    code = run(["scaling", "--ranks", "1,2", "--rank-strategies", "single", "--out", str(out)])
     assert code == EXIT_USAGE
     assert "mpi-allreduce" in capsys.readouterr().err  # names strategies that can
     assert not out.exists()
