@@ -155,16 +155,18 @@ STACK_RUN = ["--model", "stack-mlp", "--width", "32", "--depth", "4", "--dataset
 
 
 @needs_mpiexec
-def test_two_rank_pipeline_checkpoint_resumes_on_one_process_with_single(tmp_path):
-    """A checkpoint of `pipeline` on 2 ranks (stage=2 across them, the state gathered from
-    both) resumed by `single` in one process ends where the uninterrupted 2-rank run ends."""
+@pytest.mark.parametrize("strategy", ["pipeline", "mpi-pipeline"])
+def test_two_rank_pipeline_checkpoint_resumes_on_one_process_with_single(tmp_path, strategy):
+    """A checkpoint of a pipeline on 2 ranks (`pipeline`: stage=2 over one jax.distributed
+    mesh; `mpi-pipeline`: a stage per rank, rank 0 writing), its state gathered from both,
+    resumed by `single` in one process ends where the uninterrupted 2-rank run ends."""
     import equivalence as eq
     from jaxpar import checkpoint
 
     run = [*STACK_RUN, "--steps", "20", "--checkpoint-every", "10"]
     proc = subprocess.run(
         ["timeout", "-s", "KILL", "300", str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpi4py", "-m",
-         "experiments", "train", "--strategy", "pipeline", *run, "--checkpoint-dir",
+         "experiments", "train", "--strategy", strategy, *run, "--checkpoint-dir",
          str(tmp_path / "full"), "--out", str(tmp_path / "out")],
         cwd=ROOT, env=mpi_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
