@@ -89,4 +89,6 @@ def table(points: list[dict]) -> str:
 
 def ranks_cell(row: dict) -> str:
     """'4', or '4 (oversubscribed: 2 cores)' when the ranks outnumber the machine's cores."""
-    return f"{row['ranks']} (oversubscribed: {row['cores']} cores)" if row["oversubscribed"] else str(row["ranks"])
+    if row["oversubscribed"]:
+        return f"{row['ranks']} (oversubscribed: {row['cores']} cores)"
+    return str(row["ranks"])
