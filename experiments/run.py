@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 from rich.console import Console
 
 from experiments.options import BenchOptions
@@ -20,7 +21,7 @@ from jaxpar.bench import benchmark, report
 from jaxpar.config import TrainConfig
 from jaxpar.distributed import launcher
 from jaxpar.errors import ConfigError, Diverged
-from jaxpar.mesh import simulate_cpu_devices
+from jaxpar.mesh import WITHIN_FIRST, describe_layout, simulate_cpu_devices
 from jaxpar.parallel import STRATEGIES
 from jaxpar.train import train
 from jaxpar.validate import validate
@@ -60,6 +61,7 @@ def execute(config: TrainConfig, bench: BenchOptions | None = None, console: Con
         results.ensure_writable(out)  # fail before the work, not after it
     main = distributed.is_main()  # only rank 0 prints and writes results
     console = console if main else None
+    announce_layout(config, console)
     try:
         result = _work(config, bench, console)
     except Diverged as stop:  # its result says where and why; the message comes from the CLI
@@ -77,6 +79,17 @@ def execute(config: TrainConfig, bench: BenchOptions | None = None, console: Con
         if console is not None:
             console.print(f"wrote {path}")
     return result
+
+
+def announce_layout(config: TrainConfig, console: Console | None) -> None:
+    """On a global mesh over processes, say which axes sit within a process, which across."""
+    if console is None or jax.process_count() == 1:
+        return
+    axes = STRATEGIES[config.parallel.strategy](config).mesh_layout(jax.devices())
+    how = ("as --mesh orders them" if config.parallel.mesh else
+           f"by default {' then '.join(WITHIN_FIRST[:-1])} within a process")
+    console.print(f"{describe_layout(axes, jax.process_count(), jax.local_device_count())} "
+                  f"({how}; --mesh lists axes outermost first, the last within a process)")
 
 
 def _work(config: TrainConfig, bench: BenchOptions | None, console: Console | None):

@@ -40,7 +40,7 @@ class ScalingConfig:
     strategies: tuple[str, ...] | None = option(None, "strategies of the device points (default: the data-parallel family); with --ranks they are the single-process baselines", choices="strategy")
     device_counts: tuple[int, ...] = option((1, 2, 4, 8), "simulated device counts (1: single alone, the baseline)")
     ranks: tuple[int, ...] | None = option(None, "MPI process counts, e.g. 1,2: rank points (one thread per rank) beside the device points (default: none)")
-    rank_strategies: tuple[str, ...] = option(("mpi-allreduce", "mpi-param-server", "dp-auto"), "strategies of the rank points (any that runs across processes)", choices="strategy")
+    rank_strategies: tuple[str, ...] = option(("mpi-allreduce", "mpi-param-server", "dp-auto"), "strategies of the rank points (any that runs across processes; each on the --models it places, e.g. tensor, pipeline, mpi-pipeline on stack-mlp)", choices="strategy")
     batch_size: int = option(128, "global batch (strong) or per-device/per-rank batch (weak)")
     modes: tuple[str, ...] = option(MODES, "strong (fixed global batch) and/or weak (fixed batch per device or rank)")
     iters: int = options.iters()
@@ -63,7 +63,7 @@ def plan(config: ScalingConfig) -> list[Point]:
     at_least(config, 1, "batch_size", "device_counts", "iters")
     at_least(config, 0, "warmup")
     if config.ranks:
-        rank_scaling.check(config.rank_strategies, config.ranks)
+        rank_scaling.check(config.rank_strategies, config.ranks, config.models)
     device = config.strategies or tuple(n for n, c in STRATEGIES.items() if c.family == "data parallel")
     found = [point(config, mode, model, strategy, devices=n) for mode in config.modes
              for model in config.models for n in config.device_counts
@@ -71,7 +71,8 @@ def plan(config: ScalingConfig) -> list[Point]:
     for r in config.ranks or ():
         found += [point(config, mode, model, strategy, ranks=r) for mode in config.modes
                   for model in config.models
-                  for strategy in ([REFERENCE] if r == 1 else config.rank_strategies)]
+                  for strategy in ([REFERENCE] if r == 1 else config.rank_strategies)
+                  if rank_scaling.takes(strategy, model)]
     return found
 
 

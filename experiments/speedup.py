@@ -91,7 +91,8 @@ def best_single_process(points: list[dict], group: tuple) -> dict | None:
 
 def rank_rows(points: list[dict]) -> list[dict]:
     """Rank points with 'speedup' over 1 single-threaded rank, 'efficiency' (/ ranks),
-    'speedup_vs_best' over the best single-process point and 'best' (that point)."""
+    'speedup_vs_best' over the best single-process point, 'best' (that point) and
+    'oversubscribed' (more ranks than the machine's cores)."""
     rows = [p for p in points if p["single_thread"]]
     base = {p["group"]: p["images_per_sec"] for p in rows
             if p["ranks"] == 1 and p["strategy"] == REFERENCE}
@@ -101,7 +102,8 @@ def rank_rows(points: list[dict]) -> list[dict]:
         best = best_single_process(points, p["group"])
         speed = p["images_per_sec"] / b if b else float("nan")
         out.append({**p, "speedup": speed, "efficiency": speed / p["ranks"], "best": best,
-                    "speedup_vs_best": p["images_per_sec"] / best["images_per_sec"] if best else float("nan")})
+                    "speedup_vs_best": p["images_per_sec"] / best["images_per_sec"] if best else float("nan"),
+                    "oversubscribed": p["ranks"] > p["cores"]})
     return sorted(out, key=lambda r: (r["mode"], r["model"], r["strategy"] != REFERENCE,
                                       r["strategy"], r["ranks"]))
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from experiments import peers_report, plots, sources, speedup
+from experiments.rank_scaling import ranks_cell
 from jaxpar import results
 from jaxpar.config import TrainConfig, to_dict
 from jaxpar.mesh import format_mesh
@@ -160,15 +161,17 @@ def scaling_ranks(data_dir: Path) -> str:
     out = []
     for r in rows:
         best, busiest = r["best"], speedup.busiest_rank_bytes(r["comm_theory"])
-        out.append([r["model"], r["mode"], f"`{r['strategy']}`", r["ranks"], r["batch"], num(r["ms"], 1),
+        out.append([r["model"], r["mode"], f"`{r['strategy']}`", ranks_cell(r), r["batch"], num(r["ms"], 1),
                     num(r["images_per_sec"]), f"{r['speedup']:.2f}x ({100 * r['efficiency']:.0f}%)",
                     f"{r['speedup_vs_best']:.2f}x" + (f" ({num(best['images_per_sec'])}: {best['strategy']}, "
                                                       f"{best['devices']} dev)" if best else ""),
+                    f"{r['comm_bytes']:,} ({num(theory_total(r['comm_theory']))})" if r["ranks"] > 1 else DASH,
                     f"{busiest[0]:,} / {busiest[1]:,}" if busiest and r["ranks"] > 1 else DASH,
-                    num(r["comm_ms"], 1) if r["comm_ms"] is not None else DASH])
+                    num(r["comm_ms"], 1) if r["comm_ms"] is not None else DASH,
+                    f"{r['state_bytes']:,}"])
     return markdown(["model", "mode", "strategy", "ranks", "global batch", "ms/step", "images/s",
-                     "vs 1 rank (efficiency)", "vs best 1 process", "busiest rank sent / received B (theory)",
-                     "comm alone, ms/step"], out)
+                     "vs 1 rank (efficiency)", "vs best 1 process", "B/step per rank (theory)",
+                     "busiest rank sent / received B (theory)", "comm alone, ms/step", "state B/rank"], out)
 
 
 # --- strategies study ------------------------------------------------------------------------

@@ -52,7 +52,9 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
 
     def one_step():
         holder["state"], sums = strategy.step(holder["state"], batch)
-        return sums
+        # Waited for with the state: a stage on another process leaves this one's sums a
+        # handle (nothing to wait for here), its own stage's update is what it computes.
+        return holder["state"], sums
 
     times = measure.time_calls(one_step, iters, warmup=warmup)
     median_s = sorted(times)[len(times) // 2]

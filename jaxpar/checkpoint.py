@@ -13,8 +13,10 @@ restores under any other (`state_from_reference`): 8 devices -> 2, dp -> single.
 Atomic: orbax writes each step into a temporary folder and renames it when complete, so a
 killed writer leaves no step that looks complete; a step that is complete-looking but
 unreadable (truncated by a lost disk, say) is skipped for the previous one with a warning.
-Multi-process: every process calls save/restore (orbax's collectives); orbax's primary
-process (jax.process_index() == 0) writes the JSON metadata.
+Multi-process: under jax.distributed every process calls save/restore (orbax's collectives);
+orbax's primary process (jax.process_index() == 0) writes the JSON metadata. MPI ranks that
+are each a JAX runtime of their own (the mpi4jax strategies) all hold the same reference state
+(`state_to_reference` gathers it), so rank 0 alone writes it and every rank reads it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxpar.config import TrainConfig, to_dict
+from jaxpar.distributed import mpi_rank
 from jaxpar.errors import ConfigError
 
 FORMAT = "jaxpar-checkpoint-v1"
@@ -123,6 +126,8 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                                enable_async_checkpointing=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
+        # Each MPI rank its own JAX runtime: orbax on every rank would write the same folders.
+        self.writes = jax.process_count() > 1 or mpi_rank()[0] == 0
 
     def _complete_steps(self) -> list[int]:
         """Steps whose folder orbax finished (renamed from its temporary name)."""
@@ -142,6 +147,9 @@ class Checkpointer:
           ref_state: `strategy.state_to_reference(state)` (host arrays).
           progress: JSON-able loop state: epoch, position, running sums, history.
         """
+        if not self.writes:  # rank 0 writes the same state
+            self.last_saved = step
+            return self.directory / str(step)
         if step in self.manager.all_steps():  # a corrupt step skipped on resume: replace it
             self.manager.delete(step)
         flat = flatten(ref_state)

@@ -71,7 +71,7 @@ class OptimConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     strategy: str = _opt("single", "how one step is placed on devices (default: single, one device)")
-    devices: int | None = _opt(None, "simulate this many XLA CPU devices (default: the devices present)", valid=AT_LEAST_1)
+    devices: int | None = _opt(None, "simulate this many XLA CPU devices, per process under mpiexec/srun (default: the devices present)", valid=AT_LEAST_1)
     mesh: str = _opt("", "axis sizes, e.g. data=2,tensor=2 (-1 = the rest); default: every device on the strategy's axis")
     accumulate: int = _opt(1, "gradient accumulation: split each global batch into K sequential chunks (data-parallel strategies)", valid=AT_LEAST_1)
     sync_every: int = _opt(1, "local-sgd: local steps between parameter averages", valid=AT_LEAST_1)

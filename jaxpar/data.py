@@ -22,6 +22,7 @@ from jaxpar.errors import DataError
 
 DATASETS = ("fashion_mnist", "mnist", "synthetic")
 NUM_CLASSES = 10
+IMAGE_SHAPE = (28, 28, 1)  # every dataset's images, uint8
 
 Arrays = tuple[np.ndarray, np.ndarray]  # (images uint8 [N,28,28,1], labels int32 [N])
 

@@ -133,7 +133,7 @@ def _collective(line: str) -> dict[str, Any] | None:
         return None
     result_type, op = m.groups()
     if op == "custom-call":
-        return _mpi_call(line)
+        return _mpi_call(line, result_type)
     base = op.removesuffix("-start")
     if base not in COLLECTIVES or op.endswith("-done"):
         return None
@@ -149,15 +149,16 @@ def _collective(line: str) -> dict[str, Any] | None:
     return {"op": base, "bytes": nbytes, "group_size": group}
 
 
-def _mpi_call(line: str) -> dict[str, Any] | None:
+def _mpi_call(line: str, result_type: str) -> dict[str, Any] | None:
     """An mpi4jax custom call's op and operand bytes (its first operand; the second is the
-    ordering token). The communicator's size is not in the HLO: group_size is None."""
+    ordering token); a receive, whose only operand is the token, counts the bytes it
+    returns. The communicator's size is not in the HLO: group_size is None."""
     target, operands = _MPI_TARGET.search(line), _OPERANDS.search(line)
     if not (target and operands):
         return None
     first = _SHAPE.search(operands.group(1))
-    return {"op": target.group(1), "bytes": shape_bytes(first.group(0)) if first else 0,
-            "group_size": None}
+    nbytes = (shape_bytes(first.group(0)) if first else 0) or shape_bytes(result_type)
+    return {"op": target.group(1), "bytes": nbytes, "group_size": None}
 
 
 def collective_bytes(hlo_text: str, branch_every: int = 1) -> dict[str, int]:

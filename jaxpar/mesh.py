@@ -17,6 +17,11 @@ DATA = "data"
 TENSOR = "tensor"
 STAGE = "stage"
 AXES = (DATA, TENSOR, STAGE)
+# On devices of several processes, the axes that talk most sit within a process (its devices
+# share memory or a fast link), the rest across processes, as clusters do: tensor (two
+# all-reduces per block, each step) first, then data (one gradient all-reduce per step);
+# stage (point-to-point activations) is the one to cross processes.
+WITHIN_FIRST = (TENSOR, DATA, STAGE)
 
 
 def simulate_cpu_devices(n: int | None) -> None:
@@ -106,3 +111,38 @@ def format_mesh(axes: dict[str, int]) -> str:
 
 def mesh_shape(mesh) -> dict[str, int]:
     return dict(zip(mesh.axis_names, mesh.devices.shape))
+
+
+def arrange(axes: dict[str, int]) -> dict[str, int]:
+    """`axes` ordered outermost first so that `WITHIN_FIRST`'s order holds: a mesh over
+    devices numbered process by process keeps its last (innermost) axes within a process."""
+    return {a: axes[a] for a in sorted(axes, key=lambda a: -WITHIN_FIRST.index(a))}
+
+
+def process_layout(axes: dict[str, int], per_process: int) -> dict[str, str]:
+    """Where each axis of size > 1 lies on a mesh of `axes` (outermost first) over devices
+    numbered process by process, `per_process` each: 'within' a process, 'across'
+    processes, or 'both' (split between the two)."""
+    where, inner = {}, 1
+    for axis in reversed(list(axes)):
+        size = axes[axis]
+        if size > 1:
+            if per_process % (inner * size) == 0:
+                where[axis] = "within"
+            elif inner % per_process == 0:
+                where[axis] = "across"
+            else:
+                where[axis] = "both"
+        inner *= size
+    return {a: where[a] for a in axes if a in where}
+
+
+def describe_layout(axes: dict[str, int], processes: int, per_process: int) -> str:
+    """One sentence: which axes sit within a process and which across processes."""
+    where = process_layout(axes, per_process)
+    parts = [f"{', '.join(a for a in where if where[a] == kind)} {text}"
+             for kind, text in (("within", "within each process"), ("across", "across processes"),
+                                ("both", "both within and across processes"))
+             if kind in where.values()]
+    return (f"mesh {format_mesh(axes)} on {processes} processes x {per_process} device(s): "
+            f"{'; '.join(parts) or 'one device'}")

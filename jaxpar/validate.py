@@ -47,12 +47,14 @@ def validate(config: TrainConfig, devices: int | None = None) -> None:
 
     Args:
       devices: how many devices the run will have (default: `len(jax.devices())`, or
-        `--devices` when set), for the mesh checks; a study passes its points' counts.
+        `--devices` when set in one process), for the mesh checks; a study passes its
+        points' counts.
     """
     problems = option_problems(config)
     if not problems:  # combinations only make sense once every value is in range
-        if devices is None:
-            devices = config.parallel.devices or len(jax.devices())
+        if devices is None:  # (--devices counts one process's; a global mesh has them all)
+            devices = len(jax.devices()) if jax.distributed.is_initialized() else \
+                config.parallel.devices or len(jax.devices())
         problems = combination_problems(config, devices)
     if problems:
         raise ConfigError(" ".join(problems) + " Nothing was run or written.")

@@ -92,3 +92,15 @@ def test_collectives_in_a_conditional_branch_count_once_every_k_runs():
     text = g.lower(jnp.zeros((), jnp.int32), jnp.ones((8, 3))).compile().as_text()
     assert measure.collective_bytes(text) == {"all-reduce": 24 + 4, "total": 28}
     assert measure.collective_bytes(text, branch_every=3) == {"all-reduce": 24 // 3 + 4, "total": 12}
+
+
+def test_an_mpi_receive_counts_the_bytes_it_returns():
+    """mpi4jax's recv has only the ordering token as operand: its bytes are its result's;
+    send and sendrecv count their data operand."""
+    recv = ('  %recv_mpi.6 = (f32[24,32]{1,0}, token[]) custom-call(%Arg_0.5), '
+            'custom_call_target="mpi_recv_ffi", operand_layout_constraints={token[]}, '
+            'custom_call_has_side_effect=true')
+    send = ('  %send_mpi.2 = token[] custom-call(%add, %recv_mpi.6), custom_call_target="mpi_send_ffi", '
+            'operand_layout_constraints={f32[24,32]{1,0}, token[]}, custom_call_has_side_effect=true')
+    text = "ENTRY %main (Arg_0.5: token[]) -> token[] {\n" + recv + "\n" + send + "\n}\n"
+    assert measure.collective_bytes(text) == {"mpi_recv": 3072, "mpi_send": 3072, "total": 6144}

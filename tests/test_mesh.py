@@ -40,3 +40,15 @@ def test_axes_that_do_not_multiply_to_device_count():
 
 def test_axis_names_are_constants():
     assert mesh.DATA == "data"
+
+
+def test_over_processes_the_default_keeps_tensor_within_and_stage_across():
+    axes = mesh.arrange({DATA: 2, TENSOR: 2, STAGE: 2})
+    assert list(axes) == [STAGE, DATA, TENSOR]  # outermost first: the last sit within a process
+    assert mesh.process_layout(axes, per_process=2) == {STAGE: "across", DATA: "across", TENSOR: "within"}
+    assert mesh.process_layout(axes, per_process=4) == {STAGE: "across", DATA: "within", TENSOR: "within"}
+    assert mesh.process_layout({STAGE: 4}, per_process=2) == {STAGE: "both"}
+    assert mesh.process_layout({DATA: 1, TENSOR: 2}, per_process=1) == {TENSOR: "across"}  # size 1 left out
+    text = mesh.describe_layout(axes, processes=4, per_process=2)
+    assert text.startswith("mesh stage=2,data=2,tensor=2 on 4 processes x 2 device(s)")
+    assert "tensor within each process" in text and "stage, data across processes" in text

@@ -1,13 +1,17 @@
 """Launch-level MPI checks (`jaxpar/distributed.py`) that run under plain pytest.
 
-A failing rank ends a 2-rank job quickly with a message naming it, and a missing mpi4jax
-says how to install the `mpi` extra.
+A failing or killed rank ends a 2-rank job quickly (the failing one with a message naming
+it), a missing mpi4jax says how to install the `mpi` extra, checkpoints of multi-process runs
+resume (on the same ranks, or on one process under another strategy), and the model-parallel
+equivalence tests pass on 4 ranks and on 2 ranks of 2 devices each.
 
     python -m pytest -q tests/test_mpi_launch.py
 """
 
 import builtins
+import json
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -20,6 +24,15 @@ from jaxpar.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
+needs_mpiexec = pytest.mark.skipif(not MPIEXEC.exists() or shutil.which("timeout") is None,
+                                   reason="needs the `mpi` extra in this venv (make test installs it)")
+
+
+def mpi_env(**extra) -> dict:
+    """The environment of a launched job: CPU only, unbuffered, this test's XLA flags dropped."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **extra}
+    env.pop("XLA_FLAGS", None)
+    return env
 
 
 def test_missing_mpi4jax_says_how_to_install(monkeypatch):
@@ -36,6 +49,21 @@ def test_missing_mpi4jax_says_how_to_install(monkeypatch):
 
     with pytest.raises(ConfigError, match="mpi` extra"):
         mpi_common.import_mpi()
+
+
+def test_a_launch_of_a_one_process_strategy_is_refused_naming_those_that_can(monkeypatch):
+    from experiments.run import distributed_mode
+    from jaxpar.config import TrainConfig, with_options
+    from jaxpar.parallel import STRATEGIES
+
+    monkeypatch.setenv("PMI_SIZE", "2")  # as under mpiexec -n 2
+    with pytest.raises(ConfigError, match="cannot run across processes") as error:
+        distributed_mode(with_options(TrainConfig(), strategy="single"))
+    able = str(error.value).split("can: ")[1].split(", ")
+    assert able == [n for n, cls in STRATEGIES.items() if cls.multiprocess or cls.uses_mpi]
+    assert len(able) == len(STRATEGIES) - 1  # all but `single`
+    assert distributed_mode(with_options(TrainConfig(), strategy="hybrid")) == "auto"
+    assert distributed_mode(with_options(TrainConfig(), strategy="mpi-pipeline")) == "none"
 
 
 @pytest.mark.skipif(not MPIEXEC.exists() or shutil.which("timeout") is None,
@@ -104,3 +132,105 @@ def test_a_bad_option_is_reported_once_per_job(tmp_path, strategy):
     assert proc.stderr.count("--lr nan is not valid") == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("ranks,devices", [(4, 1), (2, 2)])
+def test_model_parallel_equals_single_on_more_ranks_and_devices(ranks, devices):
+    """tests/mpi/test_model_parallel.py on 4 ranks, and on 2 ranks of 2 devices each (tensor
+    within a process, stages across), the world size asserted."""
+    env = mpi_env(JAXPAR_EXPECT_RANKS=str(ranks), JAXPAR_MPI_DEVICES=str(devices))
+    proc = subprocess.run(
+        ["timeout", "-s", "KILL", "500", str(MPIEXEC), "-n", str(ranks), sys.executable, "-m",
+         "mpi4py", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/mpi/test_model_parallel.py",
+         "tests/mpi/test_jax_distributed.py::test_world_size_is_what_was_launched"],
+        cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert " failed" not in proc.stdout and " passed" in proc.stdout
+
+
+STACK_RUN = ["--model", "stack-mlp", "--width", "32", "--depth", "4", "--dataset", "synthetic",
+             "--synthetic-size", "2000", "--val-size", "0", "--batch-size", "32", "--optimizer", "sgd",
+             "--lr", "0.01", "--lr-schedule", "constant", "--no-progress"]
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("strategy", ["pipeline", "mpi-pipeline"])
+def test_two_rank_pipeline_checkpoint_resumes_on_one_process_with_single(tmp_path, strategy):
+    """A checkpoint of a pipeline on 2 ranks (`pipeline`: stage=2 over one jax.distributed
+    mesh; `mpi-pipeline`: a stage per rank, rank 0 writing), its state gathered from both,
+    resumed by `single` in one process ends where the uninterrupted 2-rank run ends."""
+    import equivalence as eq
+    from jaxpar import checkpoint
+
+    run = [*STACK_RUN, "--steps", "20", "--checkpoint-every", "10"]
+    proc = subprocess.run(
+        ["timeout", "-s", "KILL", "300", str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpi4py", "-m",
+         "experiments", "train", "--strategy", strategy, *run, "--checkpoint-dir",
+         str(tmp_path / "full"), "--out", str(tmp_path / "out")],
+        cwd=ROOT, env=mpi_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert json.loads((tmp_path / "out/result.json").read_text())["strategy"]["devices"] == 2
+    shutil.copytree(tmp_path / "full", tmp_path / "cut")
+    shutil.rmtree(tmp_path / "cut" / "20")  # as if the job died after step 10's checkpoint
+    proc = subprocess.run(
+        ["timeout", "-s", "KILL", "300", sys.executable, "-m", "experiments", "train", "--strategy",
+         "single", *run, "--checkpoint-dir", str(tmp_path / "cut"), "--resume",
+         "--out", str(tmp_path / "one")], cwd=ROOT, env=mpi_env(), capture_output=True, text=True)
+    assert proc.returncode == 0 and "resumed from step 10" in proc.stdout, proc.stderr[-2000:]
+    want, _ = checkpoint.load(str(tmp_path / "full"))
+    got, meta = checkpoint.load(str(tmp_path / "cut"))
+    assert meta["step"] == 20 and want.keys() == got.keys()
+    eq.assert_tree_close(want, got, what="state at step 20")
+
+
+def _descendant(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the parent's id
+    return False
+
+
+def _rank_pid(job: int, rank: int) -> int | None:
+    """The process of `rank` among the descendants of `job` (this test's mpiexec)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            if (entry.name.isdigit() and f"PMI_RANK={rank}".encode() in environ
+                    and b"experiments" in (entry / "cmdline").read_bytes()
+                    and _descendant(int(entry.name), job)):
+                return int(entry.name)
+        except OSError:
+            continue  # gone, or not ours to read
+    return None
+
+
+@needs_mpiexec
+def test_a_killed_rank_ends_the_job_within_seconds(tmp_path):
+    """SIGKILL one rank of a 2-rank `pipeline` run in the middle of training: the other does
+    not wait on it forever, the job ends within seconds with an error."""
+    events = tmp_path / "events.jsonl"
+    proc = subprocess.Popen(
+        [str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "experiments", "train",
+         "--strategy", "pipeline", *STACK_RUN, "--steps", "100000", "--events", str(events),
+         "--out", str(tmp_path / "out")],
+        cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (events.exists() and events.read_text().count('"step"') >= 3):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+            time.sleep(0.5)
+        victim = _rank_pid(proc.pid, 1)
+        assert victim is not None
+        killed = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+        assert time.monotonic() - killed < 30
+        assert proc.returncode != 0, err[-2000:]
+    finally:
+        if proc.poll() is None:  # only what this test started: its own mpiexec's session
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()

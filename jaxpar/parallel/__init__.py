@@ -17,6 +17,7 @@ from jaxpar.parallel.layer_split import LayerSplit
 from jaxpar.parallel.local_sgd import LocalSGD
 from jaxpar.parallel.mpi_allreduce import MpiAllreduce
 from jaxpar.parallel.mpi_param_server import MpiParamServer
+from jaxpar.parallel.mpi_pipeline import MpiPipeline
 from jaxpar.parallel.pipeline import Pipeline
 from jaxpar.parallel.single import Single
 from jaxpar.parallel.tensor import Tensor
@@ -28,7 +29,7 @@ STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (
     DPPmap, DPShardMap, DPAuto, FSDP, LocalSGD,
     Tensor, TensorAuto, LayerSplit, Pipeline, Gems,
     Hybrid,
-    MpiAllreduce, MpiParamServer,
+    MpiAllreduce, MpiParamServer, MpiPipeline,
 )}
 
 __all__ = ["FAMILIES", "STRATEGIES", "Strategy"]

@@ -120,10 +120,19 @@ class Strategy:
 
     # --- placement -------------------------------------------------------------------------
     def make_mesh(self, devices) -> jax.sharding.Mesh:
-        """The mesh of `mesh_axes` over `devices` (the first ones, when it uses fewer)."""
+        """The mesh of `mesh_layout` over `devices` (the first ones, when it uses fewer)."""
         devices = list(devices)
-        axes = self.mesh_axes(self.config.parallel.mesh, len(devices))
+        axes = self.mesh_layout(devices)
         return meshlib.make_mesh(axes, devices[:math.prod(axes.values())])
+
+    def mesh_layout(self, devices) -> dict[str, int]:
+        """`mesh_axes` outermost first, as the mesh lays them over `devices` (numbered process
+        by process, so the last axes sit within a process): as --mesh lists them, else, over
+        several processes, the axes that talk most within a process (`meshlib.arrange`)."""
+        axes = self.mesh_axes(self.config.parallel.mesh, len(devices))
+        if self.config.parallel.mesh or len({d.process_index for d in devices}) == 1:
+            return axes
+        return meshlib.arrange(axes)
 
     def init(self, model: nnx.Module, tx: optax.GradientTransformation, mesh) -> TrainState:
         raise NotImplementedError
@@ -157,8 +166,9 @@ class Strategy:
         return {k: float(v) for k, v in fetch(sums).items()}
 
     def gradients(self, state: TrainState, batch: dict) -> Params:
-        """Gradients of the global-batch loss, in the reference layout (for equivalence tests)."""
-        return self._call("gradients", state, batch)
+        """Gradients of the global-batch loss, in the reference layout, on host (for
+        equivalence tests; gathered from every process of a global mesh)."""
+        return fetch(self._call("gradients", state, batch))
 
     def compile(self, name: str, state: TrainState, batch: dict) -> measure.Programs:
         """AOT-compile every program that `name` ('step', 'eval_step') runs, for these
@@ -197,7 +207,13 @@ class Strategy:
     def describe(self) -> dict:
         """Mesh shape, axis use, etc. for results JSON."""
         shape = meshlib.mesh_shape(self.mesh) if self.mesh is not None else {}
-        return {"strategy": self.name, "mesh": shape, "devices": int(np.prod(list(shape.values()) or [1]))}
+        out = {"strategy": self.name, "mesh": shape, "devices": int(np.prod(list(shape.values()) or [1]))}
+        count = len({d.process_index for d in self.mesh.devices.flat}) if self.mesh is not None else 1
+        if count > 1:  # one global mesh over processes: which axes cross them
+            per = self.mesh.devices.size // count
+            out["process_layout"] = {"processes": count, "devices_per_process": per,
+                                      "axes": meshlib.process_layout(shape, per)}
+        return out
 
     def theory(self) -> dict[str, int]:
         """Expected collective operand bytes per step by op (and 'total'); {} = none expected."""

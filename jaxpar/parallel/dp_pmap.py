@@ -28,6 +28,7 @@ class DPPmap(DataParallel):
     name = "dp-pmap"
     summary = "`jax.pmap` + `lax.psum` of gradients (the legacy API)"
     batch_norm_per_shard = True  # one pmapped step per device
+    multiprocess = True  # pmap over every process's devices under jax.distributed
 
     def init(self, model, tx, mesh):
         params, model_state = self._setup(model, tx, mesh)

@@ -51,7 +51,8 @@ class Hybrid(Pipeline):
     @classmethod
     def mesh_axes(cls, spec, devices):
         axes = super().mesh_axes(spec, devices)
-        return {a: axes.get(a, 1) for a in meshlib.AXES}  # all three present: specs name them
+        # All three present (specs name them), in the order given (outermost first).
+        return {**{a: 1 for a in meshlib.AXES if a not in axes}, **axes}
 
     def _stages(self, model) -> Stages:
         return Stages(model, self.starts, self.rows, split=split_dim, degree=self.mesh.shape[TENSOR],

@@ -32,7 +32,7 @@ from jaxpar import step as steplib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE
 from jaxpar.models import IMAGE, sequence
-from jaxpar.parallel import layout, partition
+from jaxpar.parallel import layout, partition, processes
 from jaxpar.parallel.base import Strategy
 from jaxpar.parallel.stages import leaves, nest
 
@@ -73,6 +73,9 @@ class LayerSplit(Strategy):
     default_axes = {STAGE: -1}
     axes = (STAGE,)
     options = ("stage_boundaries",)
+    # Stages on the devices of one global mesh under jax.distributed; between processes an
+    # activation moves by a two-device collective-permute (`processes.move`).
+    multiprocess = True
 
     @classmethod
     def check(cls, config, axes):
@@ -113,15 +116,16 @@ class LayerSplit(Strategy):
         for s, dev in enumerate(self.devices):
             p = self._stage_params(ref.params, s)
             opt = pick(jax.eval_shape(self.tx.init, p), [ref.opt_state])
-            params.append(jax.device_put(p, dev))
-            opts.append(jax.device_put(opt, dev))
-            stats.append(jax.device_put(self._stage_params(ref.model_state, s), dev))
-        return steplib.TrainState(step=jax.device_put(ref.step, self.devices[0]),
+            on = SingleDeviceSharding(dev)
+            params.append(processes.place(p, on))
+            opts.append(processes.place(opt, on))
+            stats.append(processes.place(self._stage_params(ref.model_state, s), on))
+        return steplib.TrainState(step=processes.place(ref.step, SingleDeviceSharding(self.devices[0])),
                                   params=tuple(params), opt_state=tuple(opts),
                                   model_state=tuple(stats))
 
     def state_to_reference(self, state):
-        state = jax.device_get(state)
+        state = processes.fetch(state)
         params = pick(self.shapes, list(state.params))
         opt = pick(jax.eval_shape(self.tx.init, self.shapes), list(state.opt_state))
         return steplib.TrainState(step=state.step, params=params, opt_state=opt,
@@ -129,10 +133,13 @@ class LayerSplit(Strategy):
 
     def place_batch(self, batch):
         # Images go to the first stage, labels and weights to the last (where the loss is).
-        last = self.devices[-1]
-        return {"image": jax.device_put(batch["image"], self.devices[0]),
-                "label": jax.device_put(batch["label"], last),
-                "weight": jax.device_put(batch["weight"], last)}
+        first, last = (SingleDeviceSharding(d) for d in (self.devices[0], self.devices[-1]))
+        return {"image": processes.place(batch["image"], first),
+                "label": processes.place(batch["label"], last),
+                "weight": processes.place(batch["weight"], last)}
+
+    def host_sums(self, sums):
+        return {k: float(v) for k, v in processes.fetch(sums).items()}  # from the last stage
 
     # --- per-stage programs ----------------------------------------------------------------
     def _forward(self, s, params, stats, x, train):
@@ -196,7 +203,7 @@ class LayerSplit(Strategy):
             x, vjp, new = self._prog(f"train_fwd{s}", kind)(state.params[s], state.model_state[s], x)
             vjps.append(vjp)
             stats.append(new)
-            x = jax.device_put(x, self.devices[s + 1])
+            x = processes.move(x, self.devices[s + 1])
         labels = {k: batch[k] for k in ("label", "weight")}
         grads, (sums, new) = self._prog("last", kind)(state.params[-1], state.model_state[-1], x, labels)
         stats.append(new)
@@ -204,7 +211,7 @@ class LayerSplit(Strategy):
         stage_grads[-1] = grads[0]
         g = grads[1] if S > 1 else None
         for s in reversed(range(S - 1)):
-            g = jax.device_put(g, self.devices[s])
+            g = processes.move(g, self.devices[s])
             stage_grads[s], g = self._prog(f"bwd{s}", kind)(vjps[s], g)
         return stage_grads, sums, tuple(stats)
 
@@ -217,12 +224,12 @@ class LayerSplit(Strategy):
 
     def gradients(self, state, batch):
         stage_grads, _, _ = self._grads(state, batch)
-        return pick(self.shapes, jax.device_get(stage_grads))
+        return pick(self.shapes, processes.fetch(stage_grads))
 
     def eval_step(self, state, batch):
         x = batch["image"]
         for s in range(self.stages - 1):
-            x = jax.device_put(self._prog(f"fwd{s}", "eval_step")(state.params[s], state.model_state[s], x),
+            x = processes.move(self._prog(f"fwd{s}", "eval_step")(state.params[s], state.model_state[s], x),
                                self.devices[s + 1])
         return self._prog("last_eval", "eval_step")(state.params[-1], state.model_state[-1], x,
                                                    {k: batch[k] for k in ("label", "weight")})

@@ -13,48 +13,18 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from jaxpar import mesh as meshlib
 from jaxpar import measure, theory
 from jaxpar import step as steplib
 from jaxpar.parallel import layout, mpi_common
-from jaxpar.parallel.base import Strategy
 
 COMM_REPEATS = 10  # timed calls of the communication alone (accounting)
 
 
-class MpiAllreduce(Strategy):
+class MpiAllreduce(mpi_common.OnePerRank):
     name = "mpi-allreduce"
-    family = "multi-process"
     summary = ("one process per MPI rank; fused gradient buffer summed with "
                "`mpi4jax.allreduce` inside `jit` (Horovod-style)")
-    default_axes = {meshlib.DATA: 1}
-    uses_mpi = True  # ranks are joined by MPI itself, not jax.distributed
-    batch_norm_per_shard = True  # each rank steps on its own rows
-
-    axes = ()  # one device per rank; the ranks are the data axis, joined by MPI
-    # Compiled for the program statistics, but called through `jit`: mpi4jax's collectives
-    # are ordered effects whose token argument only jit's call path supplies (the bare
-    # executable fails with 'supplied N arguments but expected N+1').
-    runs_executables = False
-
-    @classmethod
-    def mesh_axes(cls, spec, devices):
-        if any(size not in (1, -1) for size in meshlib.parse_mesh(spec).values()):
-            raise meshlib.MeshError(f"--strategy {cls.name} runs one device per MPI rank; drop "
-                                    f"--mesh {spec!r} (launch more ranks with mpiexec -n)")
-        return {meshlib.DATA: 1}
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.MPI, self.mpi4jax = mpi_common.import_mpi()
-        self.comm = self.MPI.COMM_WORLD
-        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-
-    def make_mesh(self, devices):
-        # One local device per rank; the ranks are the data axis, joined by MPI. (Under
-        # jax.distributed `devices` is global: take this process's own.)
-        local = [d for d in devices if d.process_index == jax.process_index()]
-        return meshlib.make_mesh(self.mesh_axes(self.config.parallel.mesh, 1), local[:1])
+    batch_norm_per_shard = True  # each rank steps on its own rows; the ranks are the data axis
 
     def init(self, model, tx, mesh):
         self.mesh, self.tx = mesh, tx

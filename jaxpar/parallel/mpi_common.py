@@ -1,7 +1,7 @@
 """Shared MPI plumbing for the mpi4jax strategies.
 
-The communicator, rank slicing of a global batch, world-size checks, and the install
-message when MPI is missing.
+Their base class (one device per rank, the communicator), rank slicing of a global batch,
+world-size checks, and the install message when MPI is missing.
 
     mpiexec -n 2 python -m mpi4py -m experiments train --strategy mpi-allreduce
 """
@@ -12,9 +12,11 @@ import jax
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from jaxpar import mesh as meshlib
 from jaxpar import step as steplib
 from jaxpar.measure import tree_bytes
 from jaxpar.errors import ConfigError
+from jaxpar.parallel.base import Strategy
 
 INSTALL_HINT = (
     "install the `mpi` extra: `make test` does it, or `pip install mpi4py mpich` then "
@@ -33,6 +35,39 @@ def import_mpi():
     except (ImportError, RuntimeError) as error:  # RuntimeError: mpi4jax built against another MPI
         raise ConfigError(f"the MPI strategies need mpi4py and mpi4jax ({error}); {INSTALL_HINT}") from error
     return MPI, mpi4jax
+
+
+class OnePerRank(Strategy):
+    """Base of the mpi4jax strategies: one process per MPI rank, one device each; the ranks
+    are the parallel axis, joined by MPI itself (not jax.distributed)."""
+
+    family = "multi-process"
+    uses_mpi = True
+    axes = ()  # one device per rank
+    default_axes = {meshlib.DATA: 1}
+    # Compiled for the program statistics, but called through `jit`: mpi4jax's collectives
+    # are ordered effects whose token argument only jit's call path supplies (the bare
+    # executable fails with 'supplied N arguments but expected N+1').
+    runs_executables = False
+
+    @classmethod
+    def mesh_axes(cls, spec, devices):
+        if any(size not in (1, -1) for size in meshlib.parse_mesh(spec).values()):
+            raise meshlib.MeshError(f"--strategy {cls.name} runs one device per MPI rank; drop "
+                                    f"--mesh {spec!r} (launch more ranks with mpiexec -n)")
+        return dict(cls.default_axes)
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.MPI, self.mpi4jax = import_mpi()
+        self.comm = self.MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+
+    def make_mesh(self, devices):
+        # One local device per rank. (Under jax.distributed `devices` is global: take this
+        # process's own.)
+        local = [d for d in devices if d.process_index == jax.process_index()]
+        return meshlib.make_mesh(self.mesh_axes(self.config.parallel.mesh, 1), local[:1])
 
 
 def rank_rows(n_rows: int, rank: int, size: int) -> slice:

@@ -36,7 +36,7 @@ from jaxpar import mesh as meshlib
 from jaxpar import step as steplib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import DATA, STAGE, TENSOR
-from jaxpar.parallel import layout, partition, schedules
+from jaxpar.parallel import layout, partition, processes, schedules
 from jaxpar.parallel.base import Strategy
 from jaxpar.parallel.layout import map_param_trees
 from jaxpar.parallel.stages import REP, SPLIT, Stages
@@ -64,6 +64,7 @@ class Pipeline(Strategy):
     batch_norm_per_shard = True  # per micro-batch statistics
     copies = 1                   # replica copies of the model on the stage devices (gems: 2)
     data_axis: str | None = None  # batch axis (hybrid: DATA)
+    multiprocess = True  # stages on one global mesh under jax.distributed
 
     @classmethod
     def check(cls, config, axes):
@@ -131,7 +132,7 @@ class Pipeline(Strategy):
                            model_state=stats)
 
     def state_to_reference(self, state):
-        state = jax.device_get(state)
+        state = layout.fetch(state)
         unpack = self.stages.params.unpack
         return state.replace(params=unpack(state.params),
                              opt_state=map_param_trees(state.opt_state, self.packed, unpack),
@@ -142,7 +143,7 @@ class Pipeline(Strategy):
 
     def _place(self, packed):
         shardings = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), self.state_specs)
-        return jax.device_put(packed, shardings)
+        return processes.place(packed, shardings)
 
     def rows_multiple(self) -> int:
         # Training batches also cut into M micro-batches per shard (checked up front);
@@ -152,10 +153,10 @@ class Pipeline(Strategy):
     def place_batch(self, batch):
         # Every stage sees the batch (its data shard): stage 0 reads images, the last stage
         # labels and weights.
-        return jax.device_put(self.pad(batch), self.batch_sharding)
+        return processes.place(self.pad(batch), self.batch_sharding)
 
     def gradients(self, state, batch):
-        return self.stages.params.unpack(jax.device_get(self._call("gradients", state, batch)))
+        return self.stages.params.unpack(layout.fetch(self._call("gradients", state, batch)))
 
     # --- pieces shared by both schedules ------------------------------------------------------
     @property

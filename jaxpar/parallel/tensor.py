@@ -28,7 +28,7 @@ from jaxpar import step as steplib
 from jaxpar import theory
 from jaxpar.mesh import DATA, TENSOR
 from jaxpar.models import CNN, ResNet, ViT
-from jaxpar.parallel import channels, megatron
+from jaxpar.parallel import channels, megatron, processes
 from jaxpar.parallel.base import Strategy
 
 
@@ -74,6 +74,7 @@ class _TensorBase(Strategy):
     models = ("cnn", "resnet", "stack-mlp", "vit")
     default_axes = {TENSOR: -1}
     axes = (DATA, TENSOR)
+    multiprocess = True  # one global mesh under jax.distributed (tensor within a process by default)
 
     @classmethod
     def check(cls, config, axes):
@@ -106,10 +107,10 @@ class _TensorBase(Strategy):
         return self.data
 
     def place_batch(self, batch):
-        return jax.device_put(self.pad(batch), self.batch_sharding)
+        return processes.place(self.pad(batch), self.batch_sharding)
 
     def state_from_reference(self, ref):
-        return jax.device_put(ref, self.shardings)
+        return processes.place(ref, self.shardings)
 
     def theory(self) -> dict[str, int]:
         batch_local = self.config.data.batch_size // self.data
