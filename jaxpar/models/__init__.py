@@ -20,8 +20,6 @@ from jaxpar.models.resnet import ResNet
 from jaxpar.models.stack_mlp import StackMLP
 from jaxpar.models.vit import ViT
 
-IMAGE = (28, 28, 1)  # one example, as every model takes it (Fashion-MNIST and MNIST)
-
 MODELS: dict[str, type[nnx.Module]] = {
     "mlp": MLP,
     "cnn": CNN,
@@ -79,5 +77,5 @@ def param_count(model: nnx.Module) -> int:
     return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
-__all__ = ["ACTIVATIONS", "CONV_IMPLS", "IMAGE", "MODELS", "OPTIONS", "CNN", "MLP", "ResNet", "StackMLP",
+__all__ = ["ACTIVATIONS", "CONV_IMPLS", "MODELS", "OPTIONS", "CNN", "MLP", "ResNet", "StackMLP",
            "ViT", "abstract_model", "from_config", "make_model", "option_value", "param_count", "takes"]

@@ -30,7 +30,8 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.mesh import TENSOR
-from jaxpar.models import CNN, IMAGE
+from jaxpar.data import IMAGE_SHAPE
+from jaxpar.models import CNN
 from jaxpar.models.resnet import BasicBlock
 
 F32 = 4
@@ -104,7 +105,7 @@ def collective_bytes(model, batch_local: int) -> int:
     # layer closing over them would read them (the cpu convs index their kernels).
     graphdef, state = nnx.split(model)
     state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state)
-    total, h = 0, jax.ShapeDtypeStruct((batch_local, *IMAGE), jnp.float32)
+    total, h = 0, jax.ShapeDtypeStruct((batch_local, *IMAGE_SHAPE), jnp.float32)
     for i, layer in enumerate(model.layers()):
         out = jax.eval_shape(lambda s, x, i=i: nnx.merge(graphdef, s).layers()[i](x, False), state, h)
         if isinstance(model, CNN) and i == 1:  # conv2's output, before pooling

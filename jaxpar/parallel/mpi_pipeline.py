@@ -1,7 +1,12 @@
 """`mpi-pipeline`: one pipeline stage per MPI rank; activations and gradients sent with mpi4jax.
 
-Rank s of S holds blocks [s L/S, (s+1) L/S) with their optimizer state and nothing else: the
-stem (`embed`) on rank 0, the head (`readout`) and the loss on rank S-1. The global batch is
+Rank s of S holds stage s of the model's layers (`model.layers()`, cut into S stages balanced
+by training FLOPs, or at `--stage-boundaries`) with their optimizer state and nothing else:
+the first layer on rank 0, the head and the loss on rank S-1. Stages may differ in shape (a
+CNN's conv stage hands on [14, 14, 32] per example, its head stage takes [7, 7, 64]); each
+message's shape is read off the boundary it crosses. Models with batch norm are refused:
+their statistics would have to travel with the micro-batches (the in-process `pipeline`
+keeps them). The global batch is
 cut into M micro-batches and each rank runs its column of a `schedules` table (GPipe or
 1F1B, the tables the single-process `pipeline` executes): a forward slot runs the stage on a
 micro-batch and keeps its `jax.vjp` (with `--remat` only its input, the forward recomputed in
@@ -19,9 +24,9 @@ before it), and the k-th message from one rank to another matches the k-th recei
 it (MPI keeps the messages between two ranks in order). mpi4jax's calls are ordered effects:
 the compiled program keeps this order.
 
-Point-to-point bytes per step: rank s sends one activation per micro-batch forward (s < S-1)
-and one gradient of it backward (s > 0), and receives as many: M A per direction, 2 (S-1) M A
-over the pipeline (A: one micro-batch's activation). The 3 metric sums are broadcast from the
+Point-to-point bytes per step: rank s sends its output per micro-batch forward (s < S-1, A_s
+bytes) and the gradient of its input backward (s > 0, A_{s-1}), and receives the same two
+shapes: 2 M sum_b A_b over the pipeline (A_b: one micro-batch's activation at boundary b). The 3 metric sums are broadcast from the
 last rank (12 bytes), so every rank sees the loss.
 
     mpiexec -n 2 python -m mpi4py -m experiments train --strategy mpi-pipeline \\
@@ -40,9 +45,10 @@ from jaxpar import step as steplib
 from jaxpar.data import IMAGE_SHAPE
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE
-from jaxpar.parallel import layout, mpi_common, schedules
-from jaxpar.parallel.base import model_option
-from jaxpar.parallel.layer_split import EMBED, pick
+from jaxpar.models import abstract_model, sequence
+from jaxpar.parallel import layout, mpi_common, partition, schedules
+from jaxpar.parallel.layer_split import pick
+from jaxpar.parallel.stages import leaves, nest
 
 SUMS_BYTES = 4 * len(steplib.SUMS)  # the f32 metric sums broadcast from the last rank
 
@@ -50,41 +56,55 @@ SUMS_BYTES = 4 * len(steplib.SUMS)  # the f32 metric sums broadcast from the las
 class MpiPipeline(mpi_common.OnePerRank):
     name = "mpi-pipeline"
     summary = ("one stage per MPI rank: activations forward and gradients backward with "
-               "`mpi4jax` send/recv inside `jit`, GPipe or 1F1B table; `--microbatches M`")
-    models = ("stack-mlp", "vit")  # identical blocks, consecutive ones per rank
+               "`mpi4jax` send/recv inside `jit`, GPipe or 1F1B table; `--microbatches M`, "
+               "`--stage-boundaries`; models without batch norm")
+    models = None  # any model without batch norm: a sequence of layers, one stage per rank
     default_axes = {STAGE: 1}  # one device per rank; the ranks are the stages
-    options = ("microbatches", "schedule", "remat")
+    options = ("microbatches", "schedule", "remat", "stage_boundaries")
 
     @classmethod
     def check(cls, config, axes):
         m, batch = config.parallel.microbatches, config.data.batch_size
         problems = [] if batch % m == 0 else [
             f"--microbatches {m} must divide --batch-size {batch}; make --batch-size a multiple of {m}."]
+        if layout.abstract(nnx.state(abstract_model(config.model), nnx.Not(nnx.Param))):
+            problems.append(f"--strategy {cls.name} does not carry batch-norm statistics between "
+                            "ranks; use a model without batch norm (not resnet, no --batch-norm) "
+                            "or --strategy pipeline in one process.")
         # The ranks are the stages: known once launched. (A study checks its points before it
         # launches them; every rank checks again when it starts.)
         if distributed.launcher() is not None:
-            problems += cls._stage_problems(model_option(config, "depth"), distributed.mpi_rank()[1])
+            problems += cls._stage_problems(config, distributed.mpi_rank()[1])
         return problems
 
     @classmethod
-    def _stage_problems(cls, depth: int, stages: int) -> list[str]:
+    def _stage_problems(cls, config, stages: int) -> list[str]:
         if stages < 2:
             return [f"--strategy {cls.name} runs one stage per MPI rank; launch S >= 2 ranks "
                     "(mpiexec -n S)."]
-        if depth % stages:
-            return [f"--depth {depth} blocks do not divide into the {stages} ranks' stages; make "
-                    f"--depth a multiple of {stages} or launch a divisor of it."]
-        return []
+        return partition.boundary_problems(config.parallel.stage_boundaries,
+                                           partition.layer_names(config.model), stages)
 
     # --- set-up -----------------------------------------------------------------------------
     def init(self, model, tx, mesh):
         self.mesh, self.tx = mesh, tx
         self.device = mesh.devices.flat[0]
-        problems = self._stage_problems(len(model.blocks), self.size)
+        problems = self._stage_problems(self.config, self.size)
         if problems:
             raise ConfigError(problems[0])
-        self.M, per = self.config.parallel.microbatches, len(model.blocks) // self.size
-        self.blocks = range(self.rank * per, (self.rank + 1) * per)
+        self.M = self.config.parallel.microbatches
+        self.starts = partition.cut(self.config, self.size)
+        layers = model.layers()
+        ends = (*self.starts[1:], len(layers))
+        self.ranges = [range(a, b) for a, b in zip(self.starts, ends)]
+        self.layers = self.ranges[self.rank]  # this rank's
+        self.keys = [[k for i in r for k in layers[i].keys] for r in self.ranges]
+        self.names = [[layers[i].name for i in r] for r in self.ranges]
+        # per-example shape of what crosses each boundary (stage b's output)
+        h, self.boundaries = jax.ShapeDtypeStruct((1, *IMAGE_SHAPE), jnp.float32), []
+        for r in self.ranges[:-1]:
+            h = jax.eval_shape(lambda x, r=r: sequence.apply([layers[i] for i in r], x), h)
+            self.boundaries.append(h.shape[1:])
         self.table = schedules.schedule(self.config.parallel.schedule, self.size, self.M)
         self.graphdef, params, self.model_state = steplib.split_model(model)
         self.shapes = layout.abstract(params)
@@ -97,14 +117,9 @@ class MpiPipeline(mpi_common.OnePerRank):
         return self.state_from_reference(steplib.init_state(params, self.model_state, tx))
 
     def _stage_params(self, params, s: int):
-        """Stage s's sub-dict of `params`: its blocks, plus the stem (first) or the rest (last)."""
-        per = len(self.blocks)
-        out = {"blocks": {i: params["blocks"][i] for i in range(s * per, (s + 1) * per)}}
-        for key, value in params.items():
-            if key != "blocks" and ((key in EMBED and s == 0) or
-                                    (key not in EMBED and s == self.size - 1)):
-                out[key] = value
-        return out
+        """Stage s's sub-dict of `params`: its layers' parameters."""
+        owned = lambda path: any(path[:len(k)] == tuple(k) for k in self.keys[s])  # noqa: E731
+        return nest([(path, x) for path, x in leaves(params) if owned(path)])
 
     def state_from_reference(self, ref):
         ref = jax.device_get(ref)
@@ -138,19 +153,18 @@ class MpiPipeline(mpi_common.OnePerRank):
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self.shapes)
         return nnx.merge(self.graphdef, pick(self.shapes, [params, zeros]), self.model_state)
 
-    def _forward(self, params, x):
-        """This rank's stage: the stem first on rank 0, then its blocks."""
-        model = self._model(params)
-        h = model.embed(steplib.normalize(x)) if self.rank == 0 else x
-        for i in self.blocks:
-            h = model.blocks[i](h)
+    def _forward(self, params, x, train: bool = True):
+        """This rank's stage: its layers in turn (rank 0 normalises the images first; the last
+        rank's output is the logits)."""
+        layers = self._model(params).layers()
+        h = steplib.normalize(x) if self.rank == 0 else x
+        for i in self.layers:
+            h = layers[i](h, train)
         return h
 
-    def _activation(self, rows: int) -> jax.ShapeDtypeStruct:
-        """One stage boundary's activation for `rows` examples (every boundary's is the same:
-        identical blocks keep the residual stream's shape)."""
-        embed = lambda p, x: nnx.merge(self.graphdef, p, self.model_state).embed(x)  # noqa: E731
-        return jax.eval_shape(embed, self.shapes, jax.ShapeDtypeStruct((rows, *IMAGE_SHAPE), jnp.float32))
+    def _activation(self, boundary: int, rows: int) -> jax.ShapeDtypeStruct:
+        """What crosses `boundary` (stage `boundary`'s output) for `rows` examples."""
+        return jax.ShapeDtypeStruct((rows, *self.boundaries[boundary]), jnp.float32)
 
     def _stage_fn(self, mb, m: int, denom):
         """f(params, h) -> (output, metric sums) of micro-batch m: the loss on the last rank."""
@@ -158,8 +172,7 @@ class MpiPipeline(mpi_common.OnePerRank):
         if self.rank < self.size - 1:
             return lambda p, h: (self._forward(p, h), zeros)
         labels = {k: mb[k][m] for k in ("label", "weight")}
-        return lambda p, h: steplib.loss_from_logits(
-            self._model(p).readout(self._forward(p, h)), labels, denom)
+        return lambda p, h: steplib.loss_from_logits(self._forward(p, h), labels, denom)
 
     def _vjp(self, f, params, x):
         """(output, vjp, sums) of f at (params, x); rank 0's input is images (no gradient)."""
@@ -176,7 +189,10 @@ class MpiPipeline(mpi_common.OnePerRank):
         if rows % M:
             raise ConfigError(f"--microbatches {M} must divide the batch's {rows} rows")
         mb = jax.tree.map(lambda x: x.reshape(M, rows // M, *x.shape[1:]), batch)
-        denom, act = batch["weight"].sum(), self._activation(rows // M)
+        denom = batch["weight"].sum()
+        # what arrives: activations from s-1 (its output), gradients from s+1 (of this output)
+        arrives = {"F": self._activation(s - 1, rows // M) if s > 0 else None,
+                   "B": self._activation(s, rows // M) if s < S - 1 else None}
         inbox, kept = {"F": {}, "B": {}}, {}  # by micro-batch: what arrived, what F keeps for B
         grads = jax.tree.map(jnp.zeros_like, params)
         sums = {k: jnp.zeros((), jnp.float32) for k in steplib.SUMS}
@@ -195,7 +211,7 @@ class MpiPipeline(mpi_common.OnePerRank):
             for kind, step in (("F", 1), ("B", -1)):  # the two message phases of this slot
                 sender = s - step  # the neighbour whose messages of this kind come here
                 expect = 0 <= sender < S and row[sender] is not None and row[sender][0] == kind
-                got = self._exchange(out[kind], s + step, expect, sender, act)
+                got = self._exchange(out[kind], s + step, expect, sender, arrives[kind])
                 if expect:
                     inbox[kind][row[sender][1]] = got
         return grads, sums
@@ -221,7 +237,7 @@ class MpiPipeline(mpi_common.OnePerRank):
     def _exchange(self, send, dest: int, expect: bool, source: int, act):
         """Send `send` (None: nothing) to `dest` and, if `expect`, receive one `act` from
         `source`, in one call when both."""
-        template = jnp.zeros(act.shape, act.dtype)
+        template = jnp.zeros(act.shape, act.dtype) if expect else None
         if send is not None and expect:
             return self.mpi4jax.sendrecv(send, template, source, dest, comm=self.jcomm)
         if send is not None:
@@ -241,39 +257,47 @@ class MpiPipeline(mpi_common.OnePerRank):
     def _eval(self, state, batch):
         """The whole batch through the stages in turn (one micro-batch), sums on every rank."""
         s, last = self.rank, self.rank == self.size - 1
-        act = self._activation(batch["weight"].shape[0])
+        if s > 0:
+            act = self._activation(s - 1, batch["weight"].shape[0])
         x = batch["image"] if s == 0 else self.mpi4jax.recv(
             jnp.zeros(act.shape, act.dtype), s - 1, comm=self.jcomm)
-        h = self._forward(state.params, x)
+        h = self._forward(state.params, x, train=False)
         if not last:
             self.mpi4jax.send(h, s + 1, comm=self.jcomm)
             return self._share({k: jnp.zeros((), jnp.float32) for k in steplib.SUMS})
-        return self._share(steplib.loss_from_logits(self._model(state.params).readout(h), batch)[1])
+        return self._share(steplib.loss_from_logits(h, batch)[1])
 
     # --- accounting -----------------------------------------------------------------------------
-    def _activation_bytes(self) -> int:
-        act = self._activation(self.config.data.batch_size // self.M)
-        return int(np.prod(act.shape)) * act.dtype.itemsize
+    def _activation_bytes(self) -> list[int]:
+        """One micro-batch's activation at each boundary, in bytes."""
+        rows = self.config.data.batch_size // self.M
+        return [int(np.prod(self._activation(b, rows).shape)) * 4 for b in range(self.size - 1)]
+
+    def _rank_bytes(self, s: int) -> int:
+        """What rank s sends (and receives) per step: M outputs forward unless last, M input
+        gradients backward unless first."""
+        A = self._activation_bytes()
+        return self.M * ((A[s] if s < self.size - 1 else 0) + (A[s - 1] if s > 0 else 0))
 
     def theory(self) -> dict[str, int]:
-        """Bytes this rank sends and receives point-to-point per step (M activations forward
-        unless last, M gradients backward unless first), the 12-byte broadcast of the sums;
-        'total' is what this rank puts on the wire."""
-        S, s, M, A = self.size, self.rank, self.M, self._activation_bytes()
-        sent = M * A * ((s < S - 1) + (s > 0))
+        """Bytes this rank sends and receives point-to-point per step, the 12-byte broadcast of
+        the sums; 'total' is what this rank puts on the wire."""
+        sent = self._rank_bytes(self.rank)
+        busiest = max(self._rank_bytes(r) for r in range(self.size))
         return {"point_to_point_sent": sent, "point_to_point_received": sent, "mpi_bcast": SUMS_BYTES,
-                "total": sent + SUMS_BYTES, "pipeline_point_to_point": 2 * (S - 1) * M * A,
-                "busiest_rank_sent": M * A * min(2, S - 1),
-                "busiest_rank_received": M * A * min(2, S - 1)}
+                "total": sent + SUMS_BYTES,
+                "pipeline_point_to_point": 2 * self.M * sum(self._activation_bytes()),
+                "busiest_rank_sent": busiest, "busiest_rank_received": busiest}
 
     def accounting(self, programs, state) -> dict:
         out = super().accounting(programs, state)
         ops = out["collective_bytes_by_op"]
+        # counted: a send's and a sendrecv's operand (what they send); a receive's result.
+        # A sendrecv's receive is not in its operands (stages differ in shape), so what a
+        # rank receives is what its neighbours were counted sending: the schedule's theory.
         sent = ops.get("mpi_send", 0) + ops.get("mpi_sendrecv", 0)
-        # A sendrecv receives what it sends: every stage boundary carries one activation shape.
-        received = ops.get("mpi_recv", 0) + ops.get("mpi_sendrecv", 0)
         return {**out, "collective_bytes_per_step": sent + ops.get("mpi_bcast", 0),
-                "point_to_point_bytes_per_step": {"sent": sent, "received": received},
+                "point_to_point_bytes_per_step": {"sent": sent},
                 "param_bytes_per_device": measure.tree_bytes(state.params),
                 "activation_bytes_per_device": programs.memory["temp_bytes"],
                 "bubble_fraction": schedules.bubble_fraction(self.table),
@@ -285,7 +309,10 @@ class MpiPipeline(mpi_common.OnePerRank):
     def describe(self) -> dict:
         return {**super().describe(), "processes": self.size, "devices": self.size,
                 "stages": self.size, "microbatches": self.M, "schedule": self.config.parallel.schedule,
-                "blocks_per_stage": len(self.blocks), "slots": len(self.table),
+                "stage_starts": list(self.starts), "stage_layers": self.names,
+                "stage_flops_per_example": partition.stage_costs(self.config, self.starts),
+                "boundary_shapes_per_example": [list(b) for b in self.boundaries],
+                "slots": len(self.table),
                 "bubble_fraction": schedules.bubble_fraction(self.table),
                 "bubble_theory": schedules.bubble_theory(self.size, self.M),
                 "peak_in_flight_per_stage": schedules.peak_in_flight(self.table),

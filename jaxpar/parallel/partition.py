@@ -25,7 +25,8 @@ from flax import nnx
 
 from jaxpar.config import ModelConfig, TrainConfig
 from jaxpar.errors import ConfigError
-from jaxpar.models import IMAGE, abstract_model
+from jaxpar.data import IMAGE_SHAPE
+from jaxpar.models import abstract_model
 from jaxpar.step import split_model
 
 
@@ -37,7 +38,7 @@ def model_layers(model_config: ModelConfig) -> tuple[tuple[str, float], ...]:
     traced with `nnx.eval_shape`, nothing is allocated). Cached per model configuration."""
     model = abstract_model(model_config)
     graphdef, params, rest = split_model(model)
-    h = jax.ShapeDtypeStruct((1, *IMAGE), jnp.float32)
+    h = jax.ShapeDtypeStruct((1, *IMAGE_SHAPE), jnp.float32)
     found = []
     for i, layer in enumerate(model.layers()):
         def run(p, x, r, i=i):

@@ -37,7 +37,7 @@ import numpy as np
 from flax import nnx
 
 from jaxpar import step as steplib
-from jaxpar.models import IMAGE
+from jaxpar.data import IMAGE_SHAPE
 from jaxpar.models.sequence import Key
 from jaxpar.parallel import layout
 
@@ -199,7 +199,7 @@ class Stages:
         self.state = FlatLayout(state, keys, replicas, split, degree)
         self.state_template = state
         # Per-example activation shapes: the image, then the output of each stage.
-        h = jax.ShapeDtypeStruct((1, *IMAGE), jnp.float32)
+        h = jax.ShapeDtypeStruct((1, *IMAGE_SHAPE), jnp.float32)
         self.shapes = [h.shape[1:]]
         for r in self.ranges:
             h = jax.eval_shape(lambda x, r=r: self._run(model, r, x, False), h)
