@@ -130,7 +130,7 @@ def plan(config: PeersConfig) -> Plan:
                           f"that does ({', '.join(able)})")
     skipped = {}
     try:  # what is left to fail is the install (mpiexec, mpi4jax): the rest still runs
-        rank_scaling.check((config.rank_strategy,), (config.ranks,))
+        rank_scaling.check((config.rank_strategy,), (config.ranks,), models)
     except ConfigError as e:
         skipped["jaxpar-ranks"] = str(e)
     if not config.compile:

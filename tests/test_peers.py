@@ -205,7 +205,7 @@ def test_without_torch_exits_2_naming_the_install_and_writes_nothing(tmp_path, m
 
 @pytest.mark.parametrize("flags,needle", [
     (["--models", "mlp,vit"], "vit: no PyTorch twin"),
-    (["--rank-strategy", "dp-pmap"], "--rank-strategy dp-pmap does not run across processes"),
+    (["--rank-strategy", "single"], "--rank-strategy single does not run across processes"),
     (["--best-strategies", "tensor"], "--best-strategies tensor: choose data-parallel strategies"),
     (["--ranks", "3"], "--batch-size 128 must be a multiple of --ranks 3"),
 ])

@@ -92,7 +92,7 @@ def test_quick_rank_study_takes_the_model_parallel_strategies(tmp_path):
 
 def test_a_rank_strategy_that_places_none_of_the_models_is_refused(tmp_path, capsys):
     out = tmp_path / "never"
-    code = run(["scaling", "--ranks", "1,2", "--rank-strategies", "mpi-pipeline", "--out", str(out)])
+    code = run(["scaling", "--ranks", "1,2", "--rank-strategies", "hybrid", "--models", "mlp", "--out", str(out)])
     assert code == EXIT_USAGE
     assert "--models stack-mlp or vit" in capsys.readouterr().err
     assert not out.exists()

@@ -41,6 +41,7 @@ class Gems(Pipeline):
                "filling the other's bubble (GEMS / Chimera); `--microbatches M` split between them")
     options = ("microbatches", "stage_boundaries")
     copies = 2
+    multiprocess = False  # not yet tested on a mesh over processes (pipeline is)
 
     @classmethod
     def check(cls, config, axes):
