@@ -14,6 +14,7 @@ import os
 import sys
 import time
 
+from jaxpar import mesh as meshlib
 from jaxpar.errors import ConfigError
 
 MODES = ("auto", "mpi", "slurm", "none")  # --distributed
@@ -54,7 +55,7 @@ def is_main() -> bool:
 
 def single_thread() -> None:
     """Make this rank single-threaded and pin it to core rank % cores. Before `import jax`."""
-    flag = "--xla_cpu_multi_thread_eigen=false"
+    flag = meshlib.SINGLE_THREAD_FLAG
     if flag not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
     try:

@@ -8,6 +8,7 @@ Axis names live here and nowhere else (docs/design.md): code says `DATA`, never 
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -22,6 +23,33 @@ AXES = (DATA, TENSOR, STAGE)
 # all-reduces per block, each step) first, then data (one gradient all-reduce per step);
 # stage (point-to-point activations) is the one to cross processes.
 WITHIN_FIRST = (TENSOR, DATA, STAGE)
+
+
+# XLA:CPU's flag that turns its intra-op thread pool off (`--single-thread` ranks set it).
+SINGLE_THREAD_FLAG = "--xla_cpu_multi_thread_eigen=false"
+
+
+def single_threaded() -> bool:
+    """True when XLA:CPU runs this process's programs on one thread (SINGLE_THREAD_FLAG)."""
+    return SINGLE_THREAD_FLAG.lstrip("-") in os.environ.get("XLA_FLAGS", "")
+
+
+def cores_available() -> int:
+    """The cores this process may run on (its affinity), which XLA sizes its thread pool to."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity API (macOS)
+        return os.cpu_count() or 1
+
+
+def cpu_threads_per_device() -> int:
+    """XLA:CPU threads one local device's program can count on: 1 single-threaded, else the
+    process's cores shared by its devices (simulated CPU devices share them)."""
+    if single_threaded():
+        return 1
+    import jax
+
+    return max(1, cores_available() // jax.local_device_count())
 
 
 def simulate_cpu_devices(n: int | None) -> None:

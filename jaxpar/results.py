@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jaxpar import provenance
+from jaxpar import mesh, provenance
 from jaxpar.errors import ResultsError
 
 # Read where a run starts from (revision, dirty diff, data source): see jaxpar/provenance.py.
@@ -139,10 +139,7 @@ def environment() -> dict[str, Any]:
     import optax
 
     devices = jax.devices()
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:
-        affinity = os.cpu_count()
+    affinity = mesh.cores_available()
     return {
         "jax": jax.__version__,
         "flax": flax.__version__,
@@ -158,7 +155,7 @@ def environment() -> dict[str, Any]:
         "cores_available": affinity,
         "threads": threads_setting(),
         # XLA sizes its CPU thread pool to the cores this process may run on (its affinity).
-        "threads_per_process": 1 if _single_threaded() else affinity,
+        "threads_per_process": 1 if mesh.single_threaded() else affinity,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "host": platform.node(),
         "platform": platform.platform(),
@@ -167,12 +164,8 @@ def environment() -> dict[str, Any]:
     }
 
 
-def _single_threaded() -> bool:
-    return "xla_cpu_multi_thread_eigen=false" in os.environ.get("XLA_FLAGS", "")
-
-
 def threads_setting() -> str:
     """How many threads XLA's CPU backend may use, as far as the environment says."""
-    if _single_threaded():
-        return "1 (xla_cpu_multi_thread_eigen=false)"
+    if mesh.single_threaded():
+        return f"1 ({mesh.SINGLE_THREAD_FLAG.lstrip('-')})"
     return f"default (up to {os.cpu_count()} cores shared by all simulated devices)"

@@ -61,7 +61,8 @@ def test_a_launch_of_a_one_process_strategy_is_refused_naming_those_that_can(mon
         distributed_mode(with_options(TrainConfig(), strategy="single"))
     able = str(error.value).split("can: ")[1].split(", ")
     assert able == [n for n, cls in STRATEGIES.items() if cls.multiprocess or cls.uses_mpi]
-    assert len(able) == len(STRATEGIES) - 1  # all but `single`
+    # All but `single` (one device) and `gems` (not yet tested on a mesh over processes).
+    assert set(STRATEGIES) - set(able) == {"single", "gems"}
     assert distributed_mode(with_options(TrainConfig(), strategy="hybrid")) == "auto"
     assert distributed_mode(with_options(TrainConfig(), strategy="mpi-pipeline")) == "none"
 
