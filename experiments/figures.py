@@ -10,6 +10,7 @@ missing, or holds no study's results, exits 2.
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ FIGURES = (
     ("batch-size", (("batch_size.png", plots_studies.batch_size),)),
     ("hparam", (("hparam_speedup.png", plots_studies.hparam_speedup),)),
     ("strategies", (("strategies.png", plots.strategies_bars),)),
+    ("cnn-strategies", (("strategies_cnn.png",
+                         functools.partial(plots.strategies_bars, png="strategies_cnn.png")),)),
     ("time-to-accuracy", (("time_to_accuracy.png", plots_studies.time_to_accuracy),)),
     ("peers", (("peers.png", plots_studies.peers_bars),)),
     ("scaling", (("scaling_devices.png", None), ("scaling_ranks.png", None))),  # one call draws both

@@ -176,13 +176,14 @@ def _bars(ax, rows, key, scale, log, colours) -> None:
                     transform=ax.transData if v else ax.get_xaxis_transform())
 
 
-def strategies_bars(data: dict, out: Path) -> Path:
+def strategies_bars(data: dict, out: Path, png: str = "strategies.png") -> Path:
     """One model under every strategy: images/s, collective bytes per step (measured beside
     theory, log), state and temporary memory per device (log), bars coloured by family.
 
     Args:
         data: the strategies.json dict written by experiments/strategies.py.
-        out: folder for strategies.png.
+        out: folder for the PNG.
+        png: its file name (one per model studied).
     Returns:
         the PNG path.
     """
@@ -201,14 +202,15 @@ def strategies_bars(data: dict, out: Path) -> Path:
                 plt.Rectangle((0, 0), 1, 1, fc="white", ec="k", alpha=0.5, hatch="//")]
     skipped = sorted({**data["metrics"].get("skipped", {}), **data["metrics"].get("failed", {})})
     note = f"; not run: {', '.join(skipped)}" if skipped else ""
-    fig.suptitle(f"{cfg['model']} width {cfg['width']} depth {cfg['depth']}, global batch "
+    shape = "".join(f" {k} {cfg[k]}" for k in ("width", "depth") if cfg.get(k) is not None)
+    fig.suptitle(f"{cfg['model']}{shape}, global batch "
                  f"{cfg['batch_size']}, {cfg['devices']} devices (MPI: ranks) per strategy{note}\n"
                  f"{env.get('cpu_cores', '?')} CPU cores shared by the simulated devices of each "
                  f"point ({env.get('threads_per_process', '?')} XLA threads; MPI ranks: 1 each); "
                  f"jax {env.get('jax', '?')}", fontsize=9)
     fig.tight_layout()
     legend_below(fig, handles, families + ["measured (compiled program)", "theory"], ncol=7)
-    return save(fig, out / "strategies.png")
+    return save(fig, out / png)
 
 
 # --- batch-size regimes (shared with the report's table) ------------------------------------

@@ -31,6 +31,9 @@ SOURCES: dict[str, Source] = {
     "scaling": Source("scaling", "", "`python -m experiments scaling --out OUT` (and `--ranks 1,2`)"),
     "strategies": Source("strategies/strategies.json", "strategies",
                          "`python -m experiments strategies --out OUT`"),
+    # The seeds' comparison: the CNN under the data- and the model-parallel strategies.
+    "cnn-strategies": Source("strategies_cnn/strategies.json", "strategies",
+                             "`python -m experiments strategies --model cnn --out OUT`"),
     "pipeline": Source("pipeline/pipeline.json", "pipeline", "`python -m experiments pipeline --out OUT`"),
     "hparam": Source("hparam/hparam.json", "hparam", "`python -m experiments hparam --devices 2 --out OUT`"),
     "time-to-accuracy": Source("time_to_accuracy/time_to_accuracy.json", "time-to-accuracy",

@@ -182,8 +182,9 @@ def _study_mesh(row: dict) -> str:
     return mesh + (f", M={row['microbatches']}" if row.get("microbatches") else "")
 
 
-def strategies_study(data_dir: Path) -> str:
-    rows = sources.load(data_dir, "strategies")["metrics"]["rows"]
+def strategies_study(name: str, data_dir: Path) -> str:
+    """The strategies study of source `name` (stack-mlp, or the CNN): one row per strategy."""
+    rows = sources.load(data_dir, name)["metrics"]["rows"]
     return markdown(
         ["strategy", "family", "mesh", "ms/step", "images/s", "collective MB/step per device or rank (theory)",
          "state MB/device", "temp MB/device"],
@@ -287,7 +288,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "scaling-devices": functools.partial(scaling_devices, "strong"),
     "scaling-devices-weak": functools.partial(scaling_devices, "weak"),
     "scaling-ranks": scaling_ranks,
-    "strategies-study": strategies_study,
+    "strategies-study": functools.partial(strategies_study, "strategies"),
+    "strategies-study-cnn": functools.partial(strategies_study, "cnn-strategies"),
     "pipeline": pipeline,
     "batch-size": batch_size,
     "time-to-accuracy": time_to_accuracy,
