@@ -138,6 +138,9 @@ def _ddp_rank(rank: int, point: TorchPoint, port: int, out: str) -> None:
                 "interop_threads": torch.get_num_interop_threads(),
                 "param_count": torch_models.param_count(model.module),
                 "matmul_peak_gflops": None}))
+        # Every rank here before any leaves: a rank whose peer closed the connection mid-exit
+        # aborts in gloo (SIGABRT, seen on one DDP point in ~20 after rank 0 had written).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
