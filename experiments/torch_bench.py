@@ -138,11 +138,14 @@ def _ddp_rank(rank: int, point: TorchPoint, port: int, out: str) -> None:
                 "interop_threads": torch.get_num_interop_threads(),
                 "param_count": torch_models.param_count(model.module),
                 "matmul_peak_gflops": None}))
-        # Every rank here before any leaves: a rank whose peer closed the connection mid-exit
-        # aborts in gloo (SIGABRT, seen on one DDP point in ~20 after rank 0 had written).
-        dist.barrier()
+        dist.barrier()  # every rank done before any leaves
     finally:
         dist.destroy_process_group()
+    # Skip the interpreter's teardown: a rank whose gloo threads outlive it aborted there
+    # (SIGABRT on about one DDP point in ten, after rank 0 had written its timings).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def ddp(point: TorchPoint, out: Path) -> dict:

@@ -42,22 +42,6 @@ def cores_available() -> int:
         return os.cpu_count() or 1
 
 
-# This process's devices in the mesh it made last (`make_mesh`): the devices its run works on,
-# which may be fewer than those present (`single` on one of 8 simulated devices).
-_devices_in_use: int | None = None
-
-
-def cpu_threads_per_device() -> int:
-    """XLA:CPU threads one local device's program can count on: 1 single-threaded, else the
-    process's cores shared by the devices its run uses (the last mesh made; before any, the
-    devices present)."""
-    if single_threaded():
-        return 1
-    import jax
-
-    return max(1, cores_available() // (_devices_in_use or jax.local_device_count()))
-
-
 def simulate_cpu_devices(n: int | None) -> None:
     """Ask XLA for `n` CPU devices. Must run before JAX's backend starts (first array op).
 
@@ -136,8 +120,6 @@ def make_mesh(axes: dict[str, int], devices=None):
             f"present; pass --devices {wanted} (simulated CPU devices) or shrink --mesh")
     axes = resolve_axes(axes, len(devices))
     grid = np.array(devices, dtype=object).reshape(tuple(axes.values()))
-    global _devices_in_use
-    _devices_in_use = sum(d.process_index == jax.process_index() for d in grid.flat)
     return Mesh(grid, tuple(axes))
 
 

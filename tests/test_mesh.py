@@ -53,16 +53,3 @@ def test_over_processes_the_default_keeps_tensor_within_and_stage_across():
     assert text.startswith("mesh stage=2,data=2,tensor=2 on 4 processes x 2 device(s)")
     assert "tensor within each process" in text and "stage, data across processes" in text
 
-
-def test_threads_per_device_follow_the_devices_the_last_mesh_uses(monkeypatch):
-    """`single` on one of 8 simulated devices has every core; 8 devices share them; the
-    single-thread flag (`--single-thread` ranks) means one, whatever the mesh."""
-    monkeypatch.setattr(mesh, "cores_available", lambda: 2)
-    monkeypatch.delenv("XLA_FLAGS", raising=False)
-    mesh.make_mesh({mesh.DATA: 1}, jax.devices()[:1])
-    assert mesh.cpu_threads_per_device() == 2
-    mesh.make_mesh({mesh.DATA: 8})
-    assert mesh.cpu_threads_per_device() == 1
-    monkeypatch.setenv("XLA_FLAGS", mesh.SINGLE_THREAD_FLAG)
-    mesh.make_mesh({mesh.DATA: 1}, jax.devices()[:1])
-    assert mesh.cpu_threads_per_device() == 1

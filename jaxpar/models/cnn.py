@@ -32,7 +32,7 @@ class CNN(nnx.Module):
                                  conv_general_dilated=layers.CONV[impl], rngs=rngs)
         self.conv1 = conv(1, 32, (3, 3))
         self.conv2 = conv(32, 64, (3, 3))
-        self.relu_pool = layers.RELU_POOL[impl]
+        self.pool = layers.POOL[impl]
         if batch_norm:
             self.bn1 = nnx.BatchNorm(32, momentum=BN_MOMENTUM, rngs=rngs)
             self.bn2 = nnx.BatchNorm(64, momentum=BN_MOMENTUM, rngs=rngs)
@@ -44,7 +44,7 @@ class CNN(nnx.Module):
         tensor-parallel shard of the channels runs it on its own channels alone)."""
         if bn is not None:
             x = bn(x, use_running_average=not train)
-        return self.relu_pool(x)
+        return self.pool(nnx.relu(x))
 
     def layers(self) -> list[Layer]:
         """conv1 (+bn1, ReLU, pool), conv2 (+bn2, ReLU, pool), fc1 (flattens), fc2."""

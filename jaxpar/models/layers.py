@@ -15,8 +15,7 @@ xla 137 ms, cpu 34 ms.
   together. Here the pool is a reshape to [N, H/2, 2, W/2, 2, C] reduced over the window axes
   that records which of the four inputs won (int8), and the gradient is one select on that
   index. Ties go to the first maximum of the window, as lax's do, so the gradients equal lax's
-  exactly, ties included. Whether the index is kept or recomputed depends on the threads a
-  device has (`relu_max_pool`).
+  exactly, ties included.
 - A convolution of a one-channel input (the stem on grayscale images: 9 multiply-adds per
   output) runs slowly as a lax convolution (52 ms with lax's stem instead of 34 ms). Here it
   is nine shifted multiply-adds, one elementwise fusion, and its kernel gradient is one
@@ -34,13 +33,18 @@ YNNPACK near the measured matmul peak, and each rewrite tried lost (CPU time):
   inside the step (it fuses worse with the ReLU and the convolution around it);
 - plain autodiff through the reshape-max (ties share the gradient): no faster than the
   index, and unlike lax on ties.
-Tried later and lost too (default CNN, one core, batch 64, interleaved): the kernel gradient
-of the 3x3 convolution as an NT matmul of transposed im2col patches (5.4 ms against lax's
-3.8), or over two batch halves (4.0); im2col built from taps padded one by one (6x faster
-than padding first, yet the step took 36 ms against 14); splitting the batch so that XLA
-runs two convolutions at once (no gain: XLA:CPU runs small programs' thunks in order); the
-XLA flags for XNNPACK, oneDNN, YNNPACK convolution fusion, 512-bit vectors and the
-concurrency-optimised scheduler (within noise, or slower).
+Tried later and lost too (default CNN, interleaved in one process):
+- keeping the pool's winner index in memory (reductions, which XLA does not recompute)
+  instead of recomputing it and the stem convolution in the backward pass: 7% faster at
+  batch 64 on one core, 40% slower at batch 128 (one or two threads), as is the stem as a
+  matmul whose output is kept; the recomputation costs arithmetic, the kept tensors memory
+  traffic that no longer fits the caches;
+- the kernel gradient of the 3x3 convolution as an NT matmul of transposed im2col patches
+  (5.4 ms against lax's 3.8 at batch 64, one core), or over two batch halves (4.0);
+- im2col built from taps padded one by one (far faster than padding first, yet the step
+  took 36 ms against 14);
+- the XLA flags for XNNPACK, oneDNN, YNNPACK convolution fusion, 512-bit vectors and the
+  concurrency-optimised scheduler (within noise, or slower).
 ResNet-8 gains nothing (its time is lax's kernel-gradient convolutions and the transposes of
 their inputs, and batch norm); batch norm costs the CNN ~27 ms of the 61 ms step.
 """
@@ -48,13 +52,12 @@ their inputs, and batch norm); batch norm costs the CNN ~27 ms of the 61 ms step
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxpar import mesh as meshlib
 from jaxpar.errors import ConfigError
 
 CONV_IMPLS = ("auto", "xla", "cpu")
@@ -155,98 +158,36 @@ def _pool_with_index(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return best, index
 
 
-def _relu_pool_with_kept_index(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """ReLU of the 2x2 window maxima of even-sized NHWC `x`, and the winner: 0..3 (the first
-    on ties), 4 where the maximum is <= 0 (the ReLU passes no gradient there).
-
-    Maximum and winner come out of reductions, which XLA keeps in memory for the backward
-    pass (it recomputes an elementwise index, and the convolution before it, in every
-    backward fusion that reads it)."""
-    n, h, w, c = x.shape
-    win = x.reshape(n, h // 2, 2, w // 2, 2, c)
-    best = win.max(axis=(2, 4))
-    order = jnp.arange(4, dtype=jnp.int8).reshape(1, 1, 2, 1, 2, 1)
-    first = jnp.where(win == best[:, :, None, :, None, :], order, jnp.int8(4)).min(axis=(2, 4))
-    alive = best > 0  # relu(max) = max(relu): the ReLU runs on the pooled quarter
-    return jnp.where(alive, best, 0), jnp.where(alive, first, jnp.int8(4))
-
-
-def _route_to_winner(index: jax.Array, g: jax.Array) -> tuple[jax.Array]:
-    """The pool's input gradient: each window's `g` to the input that won (none for index 4)."""
-    n, h2, w2, c = g.shape
-    window = jnp.arange(4, dtype=jnp.int8).reshape(1, 1, 2, 1, 2, 1)
-    dx = jnp.where(index[:, :, None, :, None, :] == window, g[:, :, None, :, None, :], 0)
-    return (dx.reshape(n, 2 * h2, 2 * w2, c),)
-
-
 @jax.custom_vjp
 def _max_pool_even(x: jax.Array) -> jax.Array:
     n, h, w, c = x.shape
     return x.reshape(n, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
 
 
-_max_pool_even.defvjp(_pool_with_index, _route_to_winner)
+def _pool_fwd(x):
+    return _pool_with_index(x)
 
 
-@jax.custom_vjp
-def _relu_max_pool_even(x: jax.Array) -> jax.Array:
-    return _relu_pool_with_kept_index(x)[0]
+def _pool_bwd(index, g):
+    n, h2, w2, c = g.shape
+    window = jnp.arange(4, dtype=jnp.int8).reshape(1, 1, 2, 1, 2, 1)
+    dx = jnp.where(index[:, :, None, :, None, :] == window, g[:, :, None, :, None, :], 0)
+    return (dx.reshape(n, 2 * h2, 2 * w2, c),)
 
 
-_relu_max_pool_even.defvjp(_relu_pool_with_kept_index, _route_to_winner)
-
-
-def _even(x: jax.Array) -> jax.Array:
-    """`x` without its last row/column where odd, as lax's VALID pooling drops them."""
-    h, w = x.shape[1], x.shape[2]
-    return x[:, :h - h % 2, :w - w % 2, :]
+_max_pool_even.defvjp(_pool_fwd, _pool_bwd)
 
 
 def cpu_max_pool(x: jax.Array) -> jax.Array:
-    """2x2 stride-2 VALID max-pooling of NHWC `x`; its winner index is recomputed in the
-    backward pass."""
-    return _max_pool_even(_even(x))
+    """2x2 stride-2 VALID max-pooling of NHWC `x` (odd sizes drop the last row/column, as lax)."""
+    h, w = x.shape[1], x.shape[2]
+    return _max_pool_even(x[:, :h - h % 2, :w - w % 2, :])
 
 
-def relu_then_cpu_max_pool(x: jax.Array) -> jax.Array:
-    """ReLU, then `cpu_max_pool`: for a device with several threads (see `relu_max_pool`)."""
-    return cpu_max_pool(jax.nn.relu(x))
+def xla_max_pool(x: jax.Array) -> jax.Array:
+    """lax's 2x2 stride-2 VALID max-pooling (`reduce_window`), the reference and the GPU form."""
+    return lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
 
 
-def cpu_relu_max_pool(x: jax.Array) -> jax.Array:
-    """ReLU and 2x2 stride-2 VALID max-pooling of NHWC `x` in one op whose winner index (the
-    ReLU's mask folded in) is kept for the backward pass: for one thread per device."""
-    return _relu_max_pool_even(_even(x))
-
-
-def xla_relu_max_pool(x: jax.Array) -> jax.Array:
-    """ReLU and lax's 2x2 stride-2 VALID max-pooling (`reduce_window`): the reference and the
-    GPU form."""
-    return lax.reduce_window(jax.nn.relu(x), -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1),
-                             "VALID")
-
-
-def cpu_relu_max_pool_for_threads(x: jax.Array) -> jax.Array:
-    """ReLU then 2x2 max-pooling in the CPU form that suits the threads a device's program has
-    (`pick_cpu_relu_max_pool`, read when traced: the backend is up by then)."""
-    return pick_cpu_relu_max_pool()(x)
-
-
-def pick_cpu_relu_max_pool() -> Callable[[jax.Array], jax.Array]:
-    """The CPU form of ReLU + max-pooling for this process's threads per device. Measured on
-    the default CNN with Adam, interleaved in one process:
-    - one thread (`--single-thread` ranks, or simulated devices that share the cores):
-      `cpu_relu_max_pool`, whose kept index makes the pooling layers' backward a select.
-      Batch 64 on one core: 13.8-14.2 ms a step against 14.9-15.5 ms recomputing the index;
-      `dp-shard-map` on 2 devices, batch 128: 15.7-16.5 ms against 17.2-19.1 ms.
-    - several threads (one device on both cores): `relu_then_cpu_max_pool`. Its forward is
-      one fusion with the stem convolution, and XLA runs the backward's recomputation of the
-      index on one thread while the other runs the second convolution's kernel gradient
-      (which does not split over threads); the reductions that keep the index would sit on
-      the forward's critical path instead. Batch 128, 2 threads: 21-22.5 ms against 28-30 ms.
-    """
-    return cpu_relu_max_pool if meshlib.cpu_threads_per_device() == 1 else relu_then_cpu_max_pool
-
-
-RELU_POOL = {"xla": xla_relu_max_pool, "cpu": cpu_relu_max_pool_for_threads}
 CONV = {"xla": lax.conv_general_dilated, "cpu": cpu_conv}
+POOL = {"xla": xla_max_pool, "cpu": cpu_max_pool}
