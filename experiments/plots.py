@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from experiments import speedup  # noqa: E402
+from jaxpar import models  # noqa: E402
 from jaxpar.parallel import FAMILIES, STRATEGIES  # noqa: E402
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
@@ -202,7 +203,8 @@ def strategies_bars(data: dict, out: Path, png: str = "strategies.png") -> Path:
                 plt.Rectangle((0, 0), 1, 1, fc="white", ec="k", alpha=0.5, hatch="//")]
     skipped = sorted({**data["metrics"].get("skipped", {}), **data["metrics"].get("failed", {})})
     note = f"; not run: {', '.join(skipped)}" if skipped else ""
-    shape = "".join(f" {k} {cfg[k]}" for k in ("width", "depth") if cfg.get(k) is not None)
+    shape = "".join(f" {k} {cfg[k]}" for k in ("width", "depth")
+                    if cfg.get(k) is not None and k in models.takes(cfg["model"]))
     fig.suptitle(f"{cfg['model']}{shape}, global batch "
                  f"{cfg['batch_size']}, {cfg['devices']} devices (MPI: ranks) per strategy{note}\n"
                  f"{env.get('cpu_cores', '?')} CPU cores shared by the simulated devices of each "

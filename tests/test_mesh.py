@@ -52,4 +52,3 @@ def test_over_processes_the_default_keeps_tensor_within_and_stage_across():
     text = mesh.describe_layout(axes, processes=4, per_process=2)
     assert text.startswith("mesh stage=2,data=2,tensor=2 on 4 processes x 2 device(s)")
     assert "tensor within each process" in text and "stage, data across processes" in text
-

@@ -42,7 +42,7 @@ Tried later and lost too (default CNN, interleaved in one process):
 - the kernel gradient of the 3x3 convolution as an NT matmul of transposed im2col patches
   (5.4 ms against lax's 3.8 at batch 64, one core), or over two batch halves (4.0);
 - im2col built from taps padded one by one (far faster than padding first, yet the step
-  took 36 ms against 14);
+  took 36 ms at batch 64 on one core against 15);
 - the XLA flags for XNNPACK, oneDNN, YNNPACK convolution fusion, 512-bit vectors and the
   concurrency-optimised scheduler (within noise, or slower).
 ResNet-8 gains nothing (its time is lax's kernel-gradient convolutions and the transposes of

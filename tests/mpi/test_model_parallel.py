@@ -62,6 +62,10 @@ def test_mpi_pipeline_bytes_bubble_and_state_per_rank(comm, stack_config):
     assert comm.allreduce(mine) == measure.tree_bytes(t.params)
     assert 0 <= measure.tree_bytes(t.state.opt_state) - mine <= 16
     assert 0 < mine < measure.tree_bytes(t.params)
+    # the state reported is the fullest rank's, whichever rank writes the result
+    mine_state = measure.tree_bytes((t.state.params, t.state.opt_state))
+    assert acc["stage_state_bytes"][comm.Get_rank()] == mine_state
+    assert acc["state_bytes_per_device"] == max(comm.allgather(mine_state))
     assert len(t.strategy.describe()["stage_layers"]) == S
 
 
