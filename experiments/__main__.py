@@ -21,7 +21,7 @@ from experiments import report as docs_report  # not `report`: jaxpar.bench's pr
 from experiments.cli import BENCH, build_parser, config_from_args, options_from_args
 from experiments.options import BenchOptions
 from experiments.run import execute
-from jaxpar import data, distributed, mesh, results
+from jaxpar import data, distributed, results
 from jaxpar.checkpoint import Interrupted
 from jaxpar.errors import Diverged, UserError
 
@@ -59,7 +59,6 @@ USER_ERRORS = (UserError, ValueError)
 
 def run(argv: list[str]) -> int:
     results.capture_provenance()  # the revision every command and study starts from
-    mesh.prefer_wide_cpu_vectors()  # every command's JAX, studies run in this process included
     args = build_parser(COMMANDS).parse_args(argv)
     try:
         if args.command in STUDIES:

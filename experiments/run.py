@@ -21,8 +21,7 @@ from jaxpar.bench import benchmark, report
 from jaxpar.config import TrainConfig
 from jaxpar.distributed import launcher
 from jaxpar.errors import ConfigError, Diverged
-from jaxpar.mesh import (WITHIN_FIRST, describe_layout, prefer_wide_cpu_vectors,
-                         simulate_cpu_devices)
+from jaxpar.mesh import WITHIN_FIRST, describe_layout, simulate_cpu_devices
 from jaxpar.parallel import STRATEGIES
 from jaxpar.train import train
 from jaxpar.validate import validate
@@ -54,7 +53,6 @@ def execute(config: TrainConfig, bench: BenchOptions | None = None, console: Con
     out = config.out
     if bench is None and out is None:
         out = f"results/{config.model.model}-{config.parallel.strategy}-{time.strftime('%Y%m%d-%H%M%S')}"
-    prefer_wide_cpu_vectors()  # before JAX's backend starts, like the device count
     simulate_cpu_devices(config.parallel.devices)  # before JAX's backend starts
     distributed.setup(distributed_mode(config), config.parallel.single_thread)
     validate(config)  # every option and combination, before any work or write

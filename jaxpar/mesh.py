@@ -42,29 +42,6 @@ def cores_available() -> int:
         return os.cpu_count() or 1
 
 
-# XLA:CPU prefers 256-bit vectors (older Intel parts lower their clock on 512-bit ones). On
-# this project's 2-core AMD EPYC (full-width AVX-512), alternating runs of the default steps:
-# CNN 21.3 against 23.2 ms on one device, 14.7 against 16.1 ms on two; MLP about 6% faster.
-WIDE_VECTORS_FLAG = "--xla_cpu_prefer_vector_width=512"
-
-
-def prefer_wide_cpu_vectors() -> None:
-    """Let XLA:CPU emit 512-bit vectors where the CPU has AVX-512 (WIDE_VECTORS_FLAG), unless
-    XLA_FLAGS already sets a width (`--xla_cpu_prefer_vector_width=256` restores XLA's
-    default). Before JAX's backend starts; later calls change nothing."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_cpu_prefer_vector_width" not in flags and _has_avx512():
-        os.environ["XLA_FLAGS"] = f"{flags} {WIDE_VECTORS_FLAG}".strip()
-
-
-def _has_avx512() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:  # Linux; elsewhere XLA's default stays
-            return any(line.startswith("flags") and " avx512f" in line for line in f)
-    except OSError:
-        return False
-
-
 def simulate_cpu_devices(n: int | None) -> None:
     """Ask XLA for `n` CPU devices. Must run before JAX's backend starts (first array op).
 

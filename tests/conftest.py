@@ -11,9 +11,6 @@ from pathlib import Path
 
 import jax
 
-from jaxpar.mesh import prefer_wide_cpu_vectors
-
-prefer_wide_cpu_vectors()  # the CLI's CPU code generation, here and in the CLI runs tests start
 N_DEVICES = int(os.environ.get("JAXPAR_TEST_DEVICES", "8"))
 jax.config.update("jax_num_cpu_devices", N_DEVICES)
 

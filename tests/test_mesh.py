@@ -1,7 +1,5 @@
 """Mesh parsing and construction; errors name --mesh / --devices."""
 
-import os
-
 import jax
 import pytest
 
@@ -54,17 +52,3 @@ def test_over_processes_the_default_keeps_tensor_within_and_stage_across():
     text = mesh.describe_layout(axes, processes=4, per_process=2)
     assert text.startswith("mesh stage=2,data=2,tensor=2 on 4 processes x 2 device(s)")
     assert "tensor within each process" in text and "stage, data across processes" in text
-
-
-def test_wide_cpu_vectors_only_where_the_cpu_has_them_and_no_width_is_set(monkeypatch):
-    monkeypatch.setattr(mesh, "_has_avx512", lambda: True)
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
-    mesh.prefer_wide_cpu_vectors()
-    assert mesh.WIDE_VECTORS_FLAG in os.environ["XLA_FLAGS"].split()
-    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_prefer_vector_width=256")
-    mesh.prefer_wide_cpu_vectors()
-    assert os.environ["XLA_FLAGS"] == "--xla_cpu_prefer_vector_width=256"  # the user's choice
-    monkeypatch.setattr(mesh, "_has_avx512", lambda: False)
-    monkeypatch.delenv("XLA_FLAGS")
-    mesh.prefer_wide_cpu_vectors()
-    assert "XLA_FLAGS" not in os.environ
