@@ -296,24 +296,29 @@ class MpiPipeline(mpi_common.OnePerRank):
         # A sendrecv's receive is not in its operands (stages differ in shape), so what a
         # rank receives is what its neighbours were counted sending: the schedule's theory.
         sent = ops.get("mpi_send", 0) + ops.get("mpi_sendrecv", 0)
+        stage_state = self.stage_state_bytes()
         return {**out, "collective_bytes_per_step": sent + ops.get("mpi_bcast", 0),
                 "point_to_point_bytes_per_step": {"sent": sent},
                 "param_bytes_per_device": measure.tree_bytes(state.params),
                 # The fullest rank's, like every strategy's (the result is rank 0's, whose
                 # stage may be the smallest): each stage's parameters and optimizer state.
-                "state_bytes_per_device": max(self.stage_state_bytes()),
-                "stage_state_bytes": self.stage_state_bytes(),
+                "state_bytes_per_device": max(stage_state),
+                "stage_state_bytes": stage_state,
                 "activation_bytes_per_device": programs.memory["temp_bytes"],
                 "bubble_fraction": schedules.bubble_fraction(self.table),
                 "bubble_theory": schedules.bubble_theory(self.size, self.M)}
 
+    def _stage_shapes(self) -> list:
+        """Each stage's parameter shapes (ShapeDtypeStructs), stage by stage."""
+        return [self._stage_params(self.shapes, s) for s in range(self.size)]
+
     def stage_param_bytes(self) -> list[int]:
-        return [measure.tree_bytes(self._stage_params(self.shapes, s)) for s in range(self.size)]
+        return [measure.tree_bytes(p) for p in self._stage_shapes()]
 
     def stage_state_bytes(self) -> list[int]:
         """Parameters + optimizer state of each stage (its rank's state), from their shapes."""
-        stages = [self._stage_params(self.shapes, s) for s in range(self.size)]
-        return [measure.tree_bytes((p, jax.eval_shape(self.tx.init, p))) for p in stages]
+        return [measure.tree_bytes((p, jax.eval_shape(self.tx.init, p)))
+                for p in self._stage_shapes()]
 
     def describe(self) -> dict:
         return {**super().describe(), "processes": self.size, "devices": self.size,
