@@ -36,6 +36,7 @@ from jaxpar.config import TrainConfig, with_options
 from jaxpar.errors import ConfigError
 from jaxpar.models import abstract_model, param_count
 from jaxpar.parallel import STRATEGIES
+from jaxpar.parallel.base import STEPS_OPTION
 
 INSTALL_HINT = ("install the `peer` extra, which pins torch==2.13.0 (a CPU wheel): "
                 "`pip install '.[peer]'` or `make peer`")
@@ -63,6 +64,7 @@ class PeersConfig:
     rank_strategy: str = option("mpi-allreduce", "jaxpar's answer to DDP on --ranks processes", choices="strategy")
     best_devices: tuple[int, ...] = option((1, 2, 4), "simulated device counts screened for jaxpar's best single-process configuration")
     best_strategies: tuple[str, ...] | None = option(None, "strategies screened on them besides single (default: the data-parallel family)", choices="strategy")
+    best_steps_per_dispatch: tuple[int, ...] = option((1, 4), "--steps-per-dispatch values screened with every candidate that takes it")
     screen_iters: int = option(10, "timed steps of each screening point")
     # The fastest Adam PyTorch offers on CPU; its default there is the for-loop kernel (MLP step,
     # 1 thread, interleaved: fused 14-16 ms, foreach 17-25, for-loop 24-30). The peer is PyTorch
@@ -72,9 +74,10 @@ class PeersConfig:
     timeout: int = options.timeout()
 
 
-# Every configuration once, for tests: the MLP, one round, a screening of two candidates.
+# Every configuration once, for tests: the MLP, one round, a screening of four candidates.
 QUICK = dataclasses.replace(PeersConfig(), models=("mlp",), iters=3, warmup=1, rounds=1,
-                            best_devices=(2,), best_strategies=("dp-auto",), screen_iters=2,
+                            best_devices=(2,), best_strategies=("dp-auto",),
+                            best_steps_per_dispatch=(1, 2), screen_iters=2,
                             timeout=300)
 
 
@@ -82,7 +85,7 @@ QUICK = dataclasses.replace(PeersConfig(), models=("mlp",), iters=3, warmup=1, r
 class Plan:
     """The study's resolved settings."""
     models: tuple[str, ...]
-    candidates: tuple[tuple[str, int], ...]   # (strategy, devices) screened per model
+    candidates: tuple[tuple[str, int, int], ...]  # (strategy, devices, steps per dispatch) screened per model
     skipped: dict[str, str]                   # configuration key -> why it is not run
 
 
@@ -113,10 +116,12 @@ def plan(config: PeersConfig) -> Plan:
     if unknown:
         raise ConfigError(f"--best-strategies {','.join(unknown)}: choose data-parallel strategies "
                           f"({', '.join(data_parallel())})")
-    at_least(config, 1, "batch_size", "iters", "rounds", "best_devices", "screen_iters")
+    at_least(config, 1, "batch_size", "iters", "rounds", "best_devices", "best_steps_per_dispatch",
+             "screen_iters")
     at_least(config, 0, "warmup")
     at_least(config, 2, "ranks")
-    distinct(config, *(name for name in ("models", "best_devices", "best_strategies")
+    distinct(config, *(name for name in ("models", "best_devices", "best_strategies",
+                                         "best_steps_per_dispatch")
                        if getattr(config, name) is not None))
     if config.batch_size % config.ranks:
         raise ConfigError(f"--batch-size {config.batch_size} must be a multiple of --ranks {config.ranks} "
@@ -135,26 +140,32 @@ def plan(config: PeersConfig) -> Plan:
         skipped["jaxpar-ranks"] = str(e)
     if not config.compile:
         skipped["torch-compile"] = "--no-compile"
-    candidates = (("single", 1),) + tuple((s, n) for n in config.best_devices if n > 1 for s in strategies)
+    pairs = (("single", 1),) + tuple((s, n) for n in config.best_devices if n > 1 for s in strategies)
+    candidates = tuple((s, n, k) for s, n in pairs for k in config.best_steps_per_dispatch
+                       if k == 1 or STEPS_OPTION in STRATEGIES[s].options)
     return Plan(tuple(models), candidates, skipped)
 
 
 def train_config(config: PeersConfig, model: str, strategy: str, devices: int = 1,
-                 ranks: bool = False) -> TrainConfig:
+                 ranks: bool = False, steps_per_dispatch: int = 1) -> TrainConfig:
     """What a jaxpar point trains: PyTorch's optimizer exactly (Adam, constant lr), the model's
     defaults (the fast CPU layers included), synthetic data."""
     return with_options(TrainConfig(), dataset="synthetic", model=model, strategy=strategy,
                         devices=devices, batch_size=config.batch_size, optimizer=OPTIMIZER,
-                        lr=config.lr, lr_schedule="constant", single_thread=ranks)
+                        lr=config.lr, lr_schedule="constant", single_thread=ranks,
+                        steps_per_dispatch=steps_per_dispatch)
 
 
-def screen_point(config: PeersConfig, model: str, strategy: str, devices: int) -> Point:
-    return Point(f"screen/{model}/{strategy}-{devices}", train_config(config, model, strategy, devices),
-                 BenchOptions(iters=config.screen_iters, warmup=config.warmup, matmul_peak=False))
+def screen_point(config: PeersConfig, model: str, strategy: str, devices: int, k: int) -> Point:
+    # A screening call times k steps: --screen-iters steps are --screen-iters / k calls.
+    return Point(f"screen/{model}/{strategy}-{devices}" + (f"-k{k}" if k > 1 else ""),
+                 train_config(config, model, strategy, devices, steps_per_dispatch=k),
+                 BenchOptions(iters=max(config.screen_iters // k, 3), warmup=config.warmup,
+                              matmul_peak=False))
 
 
 def round_point(config: PeersConfig, model: str, key: str, k: int,
-                best: tuple[str, int] | None = None) -> Point | TorchPoint:
+                best: tuple[str, int, int] | None = None) -> Point | TorchPoint:
     """Configuration `key` of `model` in round k: a jaxpar Point or a TorchPoint. Each
     framework's matmul peak is measured every round, by `single` and by PyTorch eager."""
     folder = f"points/{model}/{key}/r{k}"
@@ -167,8 +178,15 @@ def round_point(config: PeersConfig, model: str, key: str, k: int,
     if key == "jaxpar-ranks":
         return Point(folder, train_config(config, model, config.rank_strategy, ranks=True), bench,
                      config.ranks)
-    strategy, devices = ("single", 1) if key == "jaxpar-single" else best
-    return Point(folder, train_config(config, model, strategy, devices), bench)
+    strategy, devices, chained = ("single", 1, 1) if key == "jaxpar-single" else best
+    if chained > 1:  # as many steps as any other configuration: --iters / K calls of K steps
+        bench = dataclasses.replace(bench, iters=max(config.iters // chained, 5))
+    return Point(folder, train_config(config, model, strategy, devices, steps_per_dispatch=chained),
+                 bench)
+
+
+def best_key(best: dict) -> tuple[str, int, int]:
+    return best["strategy"], best["devices"], best.get("steps_per_dispatch", 1)
 
 
 def check_param_counts(config: PeersConfig, models: tuple[str, ...]) -> dict[str, int]:
@@ -190,7 +208,7 @@ def prepass(config: PeersConfig, found: Plan, out: Path) -> None:
     """Before any work: every jaxpar point known yet can run (`jaxpar.validate`), and no point
     left in OUT was measured with other settings (ConfigError naming its folder)."""
     for model in found.models:
-        known = [screen_point(config, model, s, n) for s, n in found.candidates]
+        known = [screen_point(config, model, s, n, k) for s, n, k in found.candidates]
         known += [round_point(config, model, key, k) for k in range(config.rounds)
                   for key, _, _ in CONFIGS if key != "jaxpar-best" and key not in found.skipped]
         for p in known:
@@ -203,19 +221,22 @@ def prepass(config: PeersConfig, found: Plan, out: Path) -> None:
 
 def screen(config: PeersConfig, found: Plan) -> dict[str, dict]:
     """jaxpar's best single-process configuration per model: every candidate, briefly.
-    Returns {model: {'strategy', 'devices', 'candidates': [{strategy, devices, images_per_sec}]}}."""
+    Returns {model: {'strategy', 'devices', 'steps_per_dispatch', 'candidates': [{strategy,
+    devices, steps_per_dispatch, images_per_sec}]}}."""
     best = {}
     for model in found.models:
-        planned = [screen_point(config, model, s, n) for s, n in found.candidates]
+        planned = [screen_point(config, model, s, n, k) for s, n, k in found.candidates]
         outcomes = points.run(planned, config.out, config.timeout, keep_going=True)
-        tried = [{"strategy": s, "devices": n, "images_per_sec": r.metrics["images_per_sec"]}
-                 for (s, n), r in zip(found.candidates, outcomes) if not isinstance(r, PointError)]
+        tried = [{"strategy": s, "devices": n, "steps_per_dispatch": k,
+                  "images_per_sec": r.metrics["images_per_sec"]}
+                 for (s, n, k), r in zip(found.candidates, outcomes) if not isinstance(r, PointError)]
         if not tried:
             raise PointError(f"{model}: no jaxpar configuration ran in the screening")
         top = max(tried, key=lambda t: t["images_per_sec"])
-        best[model] = {"strategy": top["strategy"], "devices": top["devices"], "candidates": tried}
-        print(f"best single-process configuration for {model}: {top['strategy']} on "
-              f"{top['devices']} device(s)", flush=True)
+        best[model] = {**{key: top[key] for key in ("strategy", "devices", "steps_per_dispatch")},
+                       "candidates": tried}
+        print(f"best single-process configuration for {model}: {peers_report.describe_best(top)}",
+              flush=True)
     return best
 
 
@@ -256,7 +277,7 @@ def rounds(config: PeersConfig, found: Plan, best: dict) -> tuple[dict, dict, li
         load.append(os.getloadavg()[0])
         order = keys[k % len(keys):] + keys[:k % len(keys)]  # rotated: no fixed neighbours
         for model in found.models:
-            top = (best[model]["strategy"], best[model]["devices"])
+            top = best_key(best[model])
             for key in order:
                 if f"{model} {key}" in failed:
                     continue  # failed in an earlier round: it would fail again
@@ -282,7 +303,7 @@ def run(config: PeersConfig) -> list[Path] | None:
     prepass(config, found, out)
     best = screen(config, found)
     for model in found.models:  # refuse a stored best point of other settings before the rounds
-        top = (best[model]["strategy"], best[model]["devices"])
+        top = best_key(best[model])
         for k in range(config.rounds):
             points.stored(out / f"points/{model}/jaxpar-best/r{k}",
                           round_point(config, model, "jaxpar-best", k, top))

@@ -37,6 +37,19 @@ def _peer(key: str, by_key: dict[str, dict]) -> str | None:
     return RANKS_PEER if RANKS_PEER in by_key else None
 
 
+def chained(candidate: dict) -> str:
+    """' K steps/dispatch' for a configuration that chains K > 1 steps per call, else ''."""
+    k = candidate.get("steps_per_dispatch", 1)
+    return f" {k} steps/dispatch" if k > 1 else ""
+
+
+def describe_best(best: dict) -> str:
+    """'fsdp on 2 device(s)', and ', 4 steps per dispatch' where it chains steps."""
+    k = best.get("steps_per_dispatch", 1)
+    return (f"{best['strategy']} on {best['devices']} device(s)"
+            + (f", {k} steps per dispatch" if k > 1 else ""))
+
+
 def rows(config, rounds: dict[str, dict[str, list]], best: dict, labels: dict[str, tuple]) -> list[dict]:
     """Table rows from {model: {config key: [round records]}}, in CONFIGS order per model."""
     peaks = {fw: _median(rec["peak_gflops"] for by_config in rounds.values()
@@ -52,7 +65,7 @@ def rows(config, rounds: dict[str, dict[str, list]], best: dict, labels: dict[st
             ms = statistics.median(rec["ms"] for rec in recs)
             framework, what = labels[key]
             if key == "jaxpar-best":
-                what = f"best single-process: {best[model]['strategy']} on {best[model]['devices']} device(s)"
+                what = f"best single-process: {describe_best(best[model])}"
             achieved = None if flops is None else flops / (ms / 1000) / 1e9
             peak = peaks[framework]
             by_key[key] = {
@@ -140,7 +153,7 @@ def summary(data: dict) -> str:
         f"{env.get('torch_compile')} (C++ compiler: {env.get('cxx_compiler') or 'none found'}).",
         "\nBest single-process jaxpar configuration, screened per model (images/s, "
         f"{cfg['screen_iters']} steps each): " + "; ".join(
-            f"{model}: " + ", ".join(f"{c['strategy']} x{c['devices']} {c['images_per_sec']:,.0f}"
+            f"{model}: " + ", ".join(f"{c['strategy']} x{c['devices']}{chained(c)} {c['images_per_sec']:,.0f}"
                                      for c in b["candidates"]) for model, b in m["best"].items())]
     load, cores = env.get("load_average_1min") or [0], env["cpu_cores"]
     lines.append(f"\n1-minute load average before each round and at the end: "

@@ -27,7 +27,8 @@ from jaxpar.validate import validate
 
 def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
               matmul_peak: bool = True) -> RunResult:
-    """Time `iters` steps of `config`'s strategy (each waited for) after `warmup` steps.
+    """Time `iters` steps of `config`'s strategy (each waited for) after `warmup` steps; with
+    --steps-per-dispatch K, `iters` calls of K steps each, a step's time being a call's / K.
 
     Args:
       matmul_peak: also time a 2048^3 matmul on every device, the ceiling achieved FLOP/s is
@@ -43,20 +44,25 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
     datalib.check_batch_size(batch_size, batch_size, "benchmark")
     images, labels = datalib.synthetic(batch_size, seed=0)
     host_batch = {"image": images, "label": labels, "weight": np.ones(batch_size, np.float32)}
-    tx = make_optimizer(config.optim, total_steps=warmup + iters + 1)
+    tx = make_optimizer(config.optim, total_steps=(warmup + iters) * config.parallel.steps_per_dispatch + 1)
     state = strategy.init(build_model(config), tx, mesh)
     batch = strategy.place_batch(host_batch)
     programs = strategy.compile("step", state, batch)
+    k = config.parallel.steps_per_dispatch
+    chained = strategy.compile("steps", state, (batch,) * k) if k > 1 else None
 
     holder = {"state": state}
 
-    def one_step():
-        holder["state"], sums = strategy.step(holder["state"], batch)
+    def one_call():
+        if chained is None:
+            holder["state"], sums = strategy.step(holder["state"], batch)
+        else:  # --steps-per-dispatch K: K steps per call, each timed as the call's K-th part
+            holder["state"], sums = strategy.steps(holder["state"], (batch,) * k)
         # Waited for with the state: a stage on another process leaves this one's sums a
         # handle (nothing to wait for here), its own stage's update is what it computes.
         return holder["state"], sums
 
-    times = measure.time_calls(one_step, iters, warmup=warmup)
+    times = [t / k for t in measure.time_calls(one_call, iters, warmup=warmup)]
     median_s = sorted(times)[len(times) // 2]
     peak = measure.matmul_peak(list(mesh.devices.flat))["gflops"] if matmul_peak else None
     accounting = strategy.accounting(programs, holder["state"])
@@ -66,7 +72,8 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
         "step_time_ms_min": 1000 * min(times),
         "step_time_ms_max": 1000 * max(times),
         "images_per_sec": batch_size / median_s,
-        "compile_s": programs.seconds,
+        "compile_s": programs.seconds if chained is None else chained.seconds,
+        "steps_per_dispatch": k,
         "flops_per_step": programs.flops,
         "achieved_gflops": achieved,
         "matmul_peak_gflops": peak,
@@ -91,7 +98,7 @@ def report(result: RunResult) -> str:
         f"{result.config['data']['batch_size']} on {env['device_count']} x {env['device_kind']} "
         f"({env['backend']}, {env['cpu_cores']} cores, threads: {env['threads']})",
         f"  median step      {m['step_time_ms_median']:.2f} ms  (min {m['step_time_ms_min']:.2f}, "
-        f"max {m['step_time_ms_max']:.2f}, {m['iters']} steps)",
+        f"max {m['step_time_ms_max']:.2f}, {m['iters']} calls of {m['steps_per_dispatch']} step(s))",
         f"  images/s         {m['images_per_sec']:,.0f}",
         f"  compile          {m['compile_s']:.2f} s",
         f"  achieved         {m['achieved_gflops']:.1f} GFLOP/s {peak}",

@@ -73,6 +73,7 @@ class ParallelConfig:
     strategy: str = _opt("single", "how one step is placed on devices (default: single, one device)")
     devices: int | None = _opt(None, "simulate this many XLA CPU devices, per process under mpiexec/srun (default: the devices present)", valid=AT_LEAST_1)
     mesh: str = _opt("", "axis sizes, e.g. data=2,tensor=2 (-1 = the rest); default: every device on the strategy's axis")
+    steps_per_dispatch: int = _opt(1, "optimizer steps per program call: K > 1 runs K batches' steps written out in one compiled program, so the host dispatches and waits once per K steps (small models on CPU; single, jit/shard_map data-parallel and tensor strategies)", valid=AT_LEAST_1)
     accumulate: int = _opt(1, "gradient accumulation: split each global batch into K sequential chunks (data-parallel strategies)", valid=AT_LEAST_1)
     sync_every: int = _opt(1, "local-sgd: local steps between parameter averages", valid=AT_LEAST_1)
     microbatches: int = _opt(4, "pipeline: micro-batches per global batch (M)", valid=AT_LEAST_1)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import statistics
 import time
@@ -263,26 +264,37 @@ def compile_programs(run: Run, state) -> dict[str, Any]:
     accounting = strategy.accounting(step, state)
     example = strategy.place_batch(next(datalib.eval_batches(splits.test, run.eval_bs)))
     evals = strategy.compile("eval_step", state, example)
-    return {"compile_s": step.seconds, "eval_compile_s": evals.seconds,
+    k = run.config.parallel.steps_per_dispatch
+    chained = {"steps_compile_s": strategy.compile("steps", state, (first,) * k).seconds} if k > 1 else {}
+    return {"compile_s": step.seconds, "eval_compile_s": evals.seconds, **chained,
             "flops_per_step": step.flops, **accounting}
 
 
 def train_epoch(run: Run, loop: LoopState, epoch: int, start: int, show: Callable[..., Any]) -> None:
     """Train on `epoch`'s batches from batch `start` until the epoch ends or the run stops,
-    validating every --eval-every steps and checkpointing when due or signalled."""
+    validating every --eval-every steps and checkpointing when due or signalled. Each
+    dispatch runs one step, or --steps-per-dispatch K steps in one program where no
+    validation, checkpoint or end falls inside them."""
     config, strategy = run.config, run.strategy
-    for batch in datalib.train_batches(run.splits.train, config.data.batch_size, config.seed,
-                                       epoch, start):
-        if loop.step >= run.total_steps:
+    batches = datalib.train_batches(run.splits.train, config.data.batch_size, config.seed,
+                                    epoch, start)
+    while loop.step < run.total_steps:
+        group = list(itertools.islice(batches, dispatch_size(run, loop.step, epoch)))
+        if not group:
             break
         if not loop.pending:
             loop.window_t0 = time.perf_counter()
-        loop.state, sums = strategy.step(loop.state, strategy.place_batch(batch))
-        loop.pending.append(sums)
-        loop.step += 1
+        placed = [strategy.place_batch(batch) for batch in group]
+        if len(placed) == 1:
+            loop.state, sums = strategy.step(loop.state, placed[0])
+            loop.pending.append(sums)
+        else:
+            loop.state, many = strategy.steps(loop.state, placed)
+            loop.pending.extend(many)
+        loop.step += len(placed)
         evaluating = bool(config.eval_every) and loop.step % config.eval_every == 0
         # Wait for the step before a validation, so train_s counts every step before it.
-        if loop.step % run.sync_every == 0 or loop.step == run.total_steps or evaluating:
+        if len(loop.pending) >= run.sync_every or loop.step == run.total_steps or evaluating:
             log_steps(run, loop, epoch, show)
         if evaluating:
             validate(run, loop, epoch)
@@ -294,6 +306,20 @@ def train_epoch(run: Run, loop: LoopState, epoch: int, start: int, show: Callabl
             save(run, loop)  # (at an epoch's end, end_epoch saves after the running sums reset)
         if loop.done(run):
             break
+
+
+def dispatch_size(run: Run, step: int, epoch: int) -> int:
+    """Steps the next dispatch runs from `step`: --steps-per-dispatch K when the K steps stay
+    in `epoch` and the run, and none but the last is followed by a validation or a
+    checkpoint (the host acts between steps only at a dispatch's end); else 1."""
+    k, config = run.config.parallel.steps_per_dispatch, run.config
+    if k == 1 or step + k > min(run.total_steps, (epoch + 1) * run.per_epoch):
+        return 1
+    for inner in range(step + 1, step + k):  # the steps that end before the dispatch does
+        if (config.eval_every and inner % config.eval_every == 0) or (
+                run.ckpt is not None and run.ckpt.due(inner)):
+            return 1
+    return k
 
 
 def log_steps(run: Run, loop: LoopState, epoch: int, show: Callable[..., Any]) -> None:

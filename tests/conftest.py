@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jaxpar  # noqa: F401  (sets XLA_FLAGS before JAX's backend starts, as the CLI does)
 import jax
 
 N_DEVICES = int(os.environ.get("JAXPAR_TEST_DEVICES", "8"))

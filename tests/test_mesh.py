@@ -1,5 +1,7 @@
 """Mesh parsing and construction; errors name --mesh / --devices."""
 
+import os
+
 import jax
 import pytest
 
@@ -52,3 +54,25 @@ def test_over_processes_the_default_keeps_tensor_within_and_stage_across():
     text = mesh.describe_layout(axes, processes=4, per_process=2)
     assert text.startswith("mesh stage=2,data=2,tensor=2 on 4 processes x 2 device(s)")
     assert "tensor within each process" in text and "stage, data across processes" in text
+
+
+def test_eigen_convolutions_unless_xla_flags_says_what_ynnpack_fuses(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    mesh.eigen_cpu_convolutions()
+    assert mesh.EIGEN_CONVOLUTIONS_FLAG in os.environ["XLA_FLAGS"].split()
+    mesh.eigen_cpu_convolutions()  # twice: still once
+    assert os.environ["XLA_FLAGS"].split().count(mesh.EIGEN_CONVOLUTIONS_FLAG) == 1
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=individual_dot")
+    mesh.eigen_cpu_convolutions()
+    assert os.environ["XLA_FLAGS"] == "--xla_cpu_experimental_ynn_fusion_type=individual_dot"
+
+
+def test_this_process_compiles_convolutions_outside_ynnpack():
+    # The flag took effect (import jaxpar set it before the backend started): XLA's HLO for a
+    # convolution holds a plain `convolution`, not a YNNPACK fusion (its one-thread path).
+    if jax.default_backend() != "cpu":
+        pytest.skip("XLA:CPU's code generation")
+    conv = jax.jit(lambda x, w: jax.lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")))
+    hlo = conv.lower(jax.numpy.ones((8, 14, 14, 32)), jax.numpy.ones((3, 3, 32, 64))).compile().as_text()
+    assert " convolution(" in hlo and "__ynn_fusion" not in hlo

@@ -98,7 +98,7 @@ def test_twin_refuses_weights_of_another_model():
 def test_both_sides_run_the_same_optimizer_on_the_same_batch():
     config = peers.QUICK
     for key, _, _ in peers.CONFIGS:
-        p = peers.round_point(config, "mlp", key, 1, ("dp-auto", 2))
+        p = peers.round_point(config, "mlp", key, 1, ("dp-auto", 2, 1))
         assert p.folder == f"points/mlp/{key}/r1"  # each round its own folder
         if isinstance(p, TorchPoint):
             assert (p.lr, p.batch_size, p.iters, p.warmup) == (config.lr, config.batch_size, config.iters,
@@ -109,14 +109,20 @@ def test_both_sides_run_the_same_optimizer_on_the_same_batch():
             assert (p.config.data.batch_size, p.bench.iters, p.bench.warmup) == (
                 config.batch_size, config.iters, config.warmup)
             assert p.config.model.conv_impl is None  # the model's default: the fast CPU layers
+    chained = peers.round_point(config, "mlp", "jaxpar-best", 1, ("single", 1, 4))
+    assert chained.config.parallel.steps_per_dispatch == 4  # calls of 4 steps, as many steps
+    assert chained.bench.iters == max(config.iters // 4, 5)
 
 
 def test_the_screening_is_single_and_the_data_parallel_family():
     pytest.importorskip("torch", reason=NO_TORCH)
     found = peers.plan(dataclasses.replace(peers.PeersConfig(), best_devices=(1, 2, 4)))
     family = [n for n, c in STRATEGIES.items() if c.family == "data parallel"]
-    assert found.candidates[0] == ("single", 1)
-    assert sorted(found.candidates[1:]) == sorted((s, n) for s in family for n in (2, 4))
+    assert found.candidates[:2] == (("single", 1, 1), ("single", 1, 4))
+    chains = {s for s in family if "steps_per_dispatch" in STRATEGIES[s].options}
+    assert "dp-pmap" in set(family) - chains  # a pmapped step is screened one step per call
+    assert sorted(found.candidates[2:]) == sorted((s, n, k) for s in family for n in (2, 4)
+                                                  for k in (1, 4) if k == 1 or s in chains)
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +159,9 @@ def test_quick_study_runs_every_configuration_in_one_run(quick):
         mpi = rows["jaxpar-ranks"]
         assert (mpi["processes"], mpi["threads_per_process"], mpi["peer"]) == (2, 1, "torch-ddp")
     best = m["best"]["mlp"]
-    assert (best["strategy"], best["devices"]) in {(c["strategy"], c["devices"]) for c in best["candidates"]}
+    assert {1, 2} == {c["steps_per_dispatch"] for c in best["candidates"]}
+    assert (best["strategy"], best["devices"], best["steps_per_dispatch"]) in {
+        (c["strategy"], c["devices"], c["steps_per_dispatch"]) for c in best["candidates"]}
     table = (out / "summary.md").read_text()
     assert f"{rows['jaxpar-single']['ratio_vs_peer']:.2f} (" in table and f"mlp {count:,}" in table
     assert (out / "peers.png").stat().st_size > 10_000

@@ -21,8 +21,13 @@ xla 137 ms, cpu 34 ms.
   is nine shifted multiply-adds, one elementwise fusion, and its kernel gradient is one
   [9, N*H*W] @ [N*H*W, C_out] matmul.
 - A 1x1 convolution (ResNet's strided projections) is a strided slice and a matmul.
-Everything else stays lax's: XLA:CPU runs 3x3 convolutions with several input channels through
-YNNPACK near the measured matmul peak, and each rewrite tried lost (CPU time):
+Everything else stays lax's, run by XLA's own multi-threaded (Eigen) convolution: jaxpar
+turns XLA:CPU's default YNNPACK convolution off when it is imported (`jaxpar.mesh.
+eigen_cpu_convolutions`), because YNNPACK runs each convolution on one thread: on 2 cores the
+CNN's second convolution took 4.1 / 4.0 / 8.3 ms (forward / input / kernel gradient) there and
+2.2 / 2.4 / 3.2 ms in Eigen, and the CNN step 22.7 ms against 14-18 ms. (The CPU-time
+measurements below, made before, hid this: one thread's CPU time is the same either way.)
+Each rewrite of the 3x3 convolution tried lost to lax's (CPU time):
 - im2col for every convolution (nine shifted slices concatenated on the channel axis, one
   matmul: the issue's starting point): the CNN step took 1.2x (wall, quiet machine) to 2.6x
   (CPU, busy machine) as long; ResNet's 16-channel 28x28 convolutions with their gradients

@@ -40,6 +40,9 @@ def model_option(config: TrainConfig, option: str):
     return option_value(config.model.model, option, getattr(config.model, option))
 
 
+# The option of strategies whose step can be chained K times in one program (`Strategy.steps`).
+STEPS_OPTION = "steps_per_dispatch"
+
 # The families strategies belong to, in the order tables and figures list them.
 FAMILIES = ("reference", "data parallel", "model parallel", "hybrid", "multi-process")
 
@@ -156,6 +159,13 @@ class Strategy:
         """One optimizer step; returns the new state and global metric sums."""
         return self._call("step", state, batch)
 
+    def steps(self, state: TrainState, batches: list[dict]) -> tuple[TrainState, list[dict]]:
+        """`len(batches)` optimizer steps in one program (--steps-per-dispatch K): the same
+        steps as K calls of `step`, with one dispatch and one wait where K calls pay K. Only
+        for strategies that list "steps_per_dispatch" in `options`. Returns the new state and
+        each step's metric sums, in order."""
+        return self._call("steps", state, tuple(batches))
+
     def eval_step(self, state: TrainState, batch: dict) -> dict:
         """Global metric sums of one evaluation batch."""
         return self._call("eval_step", state, batch)
@@ -241,6 +251,23 @@ class Strategy:
             return fn(*args, **kw)
 
         setattr(self, f"_jit_{name}", transform(counted, **kwargs))
+        if name == "step" and STEPS_OPTION in self.options:
+            self._register_steps(getattr(self, "_jit_step"))
+
+    def _register_steps(self, step: Callable) -> None:
+        """The program `steps` runs: the jitted `step` called once per batch, written out (not
+        a `lax.scan`: XLA:CPU runs convolutions inside a loop body some 25x slower). Each
+        inner call keeps the shardings `step` was registered with."""
+
+        def chained(state, batches):
+            self.trace_counts["steps"] += 1
+            sums = []
+            for batch in batches:
+                state, one = step(state, batch)
+                sums.append(one)
+            return state, sums
+
+        self._jit_steps = jax.jit(chained, donate_argnums=0)
 
     def _call(self, name: str, *args):
         program = self.compiled.get(name) or getattr(self, f"_jit_{name}")

@@ -28,7 +28,7 @@ class DataParallel(Strategy):
 
     family = "data parallel"
     default_axes = {meshlib.DATA: -1}
-    options = ("accumulate",)
+    options = ("accumulate", "steps_per_dispatch")
 
     def _setup(self, model, tx, mesh):
         """Common part of `init`: remember mesh and optimizer, split the model."""

@@ -29,6 +29,7 @@ class DPPmap(DataParallel):
     summary = "`jax.pmap` + `lax.psum` of gradients (the legacy API)"
     batch_norm_per_shard = True  # one pmapped step per device
     multiprocess = True  # pmap over every process's devices under jax.distributed
+    options = ("accumulate",)  # no --steps-per-dispatch: a pmapped step does not nest in jit
 
     def init(self, model, tx, mesh):
         params, model_state = self._setup(model, tx, mesh)

@@ -52,7 +52,7 @@ class LocalSGD(DataParallel):
                "are averaged")
     multiprocess = True  # per-replica state over one global mesh under jax.distributed
     batch_norm_per_shard = True  # each replica steps on its own shard
-    options = ("accumulate", "sync_every")
+    options = ("accumulate", "sync_every", "steps_per_dispatch")
 
     @classmethod
     def check(cls, config, axes):

@@ -24,6 +24,7 @@ class Single(Strategy):
     summary = "the whole step on one device, plain `jit`"
     default_axes = {meshlib.DATA: 1}
     axes = ()
+    options = ("steps_per_dispatch",)
 
     @classmethod
     def mesh_axes(cls, spec, devices):

@@ -73,6 +73,7 @@ class _TensorBase(Strategy):
     # blocks whose layers split column -> row; the CNN's and ResNet blocks' conv pairs by channels
     models = ("cnn", "resnet", "stack-mlp", "vit")
     default_axes = {TENSOR: -1}
+    options = ("steps_per_dispatch",)
     axes = (DATA, TENSOR)
     multiprocess = True  # one global mesh under jax.distributed (tensor within a process by default)
 
