@@ -157,11 +157,11 @@ def train_config(config: PeersConfig, model: str, strategy: str, devices: int = 
 
 
 def screen_point(config: PeersConfig, model: str, strategy: str, devices: int, k: int) -> Point:
-    # A screening call times k steps: --screen-iters steps are --screen-iters / k calls.
+    # --screen-iters calls, each of k steps: as many samples as a one-step candidate has (a
+    # median of fewer calls picked the slower candidate on this noisy machine).
     return Point(f"screen/{model}/{strategy}-{devices}" + (f"-k{k}" if k > 1 else ""),
                  train_config(config, model, strategy, devices, steps_per_dispatch=k),
-                 BenchOptions(iters=max(config.screen_iters // k, 3), warmup=config.warmup,
-                              matmul_peak=False))
+                 BenchOptions(iters=config.screen_iters, warmup=config.warmup, matmul_peak=False))
 
 
 def round_point(config: PeersConfig, model: str, key: str, k: int,
@@ -178,9 +178,8 @@ def round_point(config: PeersConfig, model: str, key: str, k: int,
     if key == "jaxpar-ranks":
         return Point(folder, train_config(config, model, config.rank_strategy, ranks=True), bench,
                      config.ranks)
+    # With K steps per dispatch: --iters calls of K steps each (a median of as many samples).
     strategy, devices, chained = ("single", 1, 1) if key == "jaxpar-single" else best
-    if chained > 1:  # as many steps as any other configuration: --iters / K calls of K steps
-        bench = dataclasses.replace(bench, iters=max(config.iters // chained, 5))
     return Point(folder, train_config(config, model, strategy, devices, steps_per_dispatch=chained),
                  bench)
 
