@@ -152,15 +152,18 @@ def summary(data: dict) -> str:
         "set_num_threads(1) and sched_setaffinity). torch.compile: "
         f"{env.get('torch_compile')} (C++ compiler: {env.get('cxx_compiler') or 'none found'}).",
         "\nBest single-process jaxpar configuration, screened per model (images/s, "
-        f"{cfg['screen_iters']} steps each): " + "; ".join(
+        f"{cfg['screen_iters']} calls each, of one step or of the steps per dispatch shown): " + "; ".join(
             f"{model}: " + ", ".join(f"{c['strategy']} x{c['devices']}{chained(c)} {c['images_per_sec']:,.0f}"
                                      for c in b["candidates"]) for model, b in m["best"].items())]
     load, cores = env.get("load_average_1min") or [0], env["cpu_cores"]
+    # The average counts the study's own processes: a point's busy threads, and the rank
+    # points' spin-waiting ranks and launcher, leave it near or a little above the cores.
     lines.append(f"\n1-minute load average before each round and at the end: "
-                 f"{', '.join(f'{x:.1f}' for x in load)} ({cores} cores)." + (
+                 f"{', '.join(f'{x:.1f}' for x in load)} ({cores} cores; the study's own "
+                 "points count in it, up to about one more than the cores)." + (
                      " Other work shared the machine: these timings are provisional (PyTorch's "
                      "OpenMP threads spin-wait and lose most when cores are oversubscribed)."
-                     if max(load) > cores else ""))
+                     if max(load) > cores + 1 else ""))
     for name, why in {**m["skipped"], **m["failed"]}.items():
         status = "skipped" if name in m["skipped"] else "failed"
         lines.append(f"\n{name}: {status} ({why.strip().splitlines()[-1] if why.strip() else ''})")
