@@ -37,17 +37,16 @@ def _peer(key: str, by_key: dict[str, dict]) -> str | None:
     return RANKS_PEER if RANKS_PEER in by_key else None
 
 
-def chained(candidate: dict) -> str:
+def chained(candidate: dict, lead: str = " ", what: str = "steps/dispatch") -> str:
     """' K steps/dispatch' for a configuration that chains K > 1 steps per call, else ''."""
     k = candidate.get("steps_per_dispatch", 1)
-    return f" {k} steps/dispatch" if k > 1 else ""
+    return f"{lead}{k} {what}" if k > 1 else ""
 
 
 def describe_best(best: dict) -> str:
     """'fsdp on 2 device(s)', and ', 4 steps per dispatch' where it chains steps."""
-    k = best.get("steps_per_dispatch", 1)
     return (f"{best['strategy']} on {best['devices']} device(s)"
-            + (f", {k} steps per dispatch" if k > 1 else ""))
+            + chained(best, ", ", "steps per dispatch"))
 
 
 def rows(config, rounds: dict[str, dict[str, list]], best: dict, labels: dict[str, tuple]) -> list[dict]:

@@ -44,11 +44,11 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
     datalib.check_batch_size(batch_size, batch_size, "benchmark")
     images, labels = datalib.synthetic(batch_size, seed=0)
     host_batch = {"image": images, "label": labels, "weight": np.ones(batch_size, np.float32)}
-    tx = make_optimizer(config.optim, total_steps=(warmup + iters) * config.parallel.steps_per_dispatch + 1)
+    k = config.parallel.steps_per_dispatch
+    tx = make_optimizer(config.optim, total_steps=(warmup + iters) * k + 1)
     state = strategy.init(build_model(config), tx, mesh)
     batch = strategy.place_batch(host_batch)
-    programs = strategy.compile("step", state, batch)
-    k = config.parallel.steps_per_dispatch
+    programs = strategy.compile("step", state, batch)  # also for K > 1: FLOPs of one step
     chained = strategy.compile("steps", state, (batch,) * k) if k > 1 else None
 
     holder = {"state": state}
