@@ -214,6 +214,8 @@ class Program:
     executable: Any      # jax.stages.Compiled
     devices: int = 1     # devices that each run a share of it (SPMD: the mesh; a stage: 1)
     branch_every: int = 1  # its conditional branch runs once every this many calls (local-sgd)
+    calls: int = 1       # times one call of the entry point runs it (a stage: once per micro-batch)
+    stage: int | None = None  # the pipeline stage whose device runs it (host-driven stages)
 
     @functools.cached_property
     def stats(self) -> dict[str, Any]:
@@ -241,7 +243,7 @@ class Programs:
         one device's share, so it counts once per device that runs it. A conditional's branch
         counts on every call, as XLA's cost analysis gives it (local-sgd's average: a few
         element-wise FLOPs per parameter, though it runs once every k steps)."""
-        return sum(p.stats["flops"] * p.devices for p in self.parts)
+        return sum(p.stats["flops"] * p.devices * p.calls for p in self.parts)
 
     @property
     def memory(self) -> dict[str, int]:
@@ -255,7 +257,7 @@ class Programs:
         for p in self.parts:
             for op, nbytes in p.stats["collective_bytes"].items():
                 if op != "total":
-                    totals[op] += nbytes
+                    totals[op] += nbytes * p.calls
         return {**totals, "total": sum(totals.values())}
 
     @property

@@ -58,7 +58,7 @@ def make_strategy(config: TrainConfig):
     name = config.parallel.strategy
     if name not in STRATEGIES:
         raise ConfigError(f"unknown --strategy {name!r}; choices: {', '.join(STRATEGIES)}")
-    return STRATEGIES[name](config)
+    return STRATEGIES[name].formulation(config)(config)
 
 
 def build_model(config: TrainConfig):

@@ -27,6 +27,7 @@ from jaxpar import measure
 from jaxpar.models import ACTIVATIONS, CONV_IMPLS, MODELS, OPTIONS, abstract_model, takes
 from jaxpar.optim import OPTIMIZERS, SCHEDULES
 from jaxpar.parallel import STRATEGIES
+from jaxpar.parallel.pipeline_common import PIPELINE_IMPLS
 from jaxpar.parallel.schedules import SCHEDULES as PIPELINE_SCHEDULES
 
 # Fields whose values come from a fixed list; each list lives with the code that uses it.
@@ -34,6 +35,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "dataset": DATASETS, "model": tuple(MODELS), "strategy": tuple(STRATEGIES),
     "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES, "activation": tuple(ACTIVATIONS),
     "schedule": tuple(PIPELINE_SCHEDULES), "distributed": MODES, "conv_impl": CONV_IMPLS,
+    "pipeline_impl": PIPELINE_IMPLS,
 }
 
 

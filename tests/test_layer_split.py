@@ -68,18 +68,19 @@ def test_compile_covers_every_stage_program():
     state, sums = s.step(got.state, batch)
     jax.device_get(sums)
     assert dict(s.trace_counts) == counts  # compiled executables ran: no retrace
-    assert {"step:train_fwd0", "step:bwd0", "step:last", "step:update0", "step:update1"} <= set(s.compiled)
+    assert {"train_fwd0@0", "bwd0@0", "last@0", "update0@0", "update1@0"} <= {p.name for p in programs.parts}
+    assert all(key[0] == "step" for key in s.compiled)
     # memory per device: the fullest device and the largest stage program, not stage 0's first
     acc = s.accounting(programs, state)
     temps = [measure.program_stats(c)["memory"]["temp_bytes"]
-             for name, c in s.compiled.items() if name.startswith("step:")]
+             for key, c in s.compiled.items() if key[0] == "step"]
     assert acc["memory_per_device"]["temp_bytes"] == max(temps)
     # FLOPs: every stage program's, not the first one's times the devices (bench uses this)
     assert programs.flops == sum(
-        measure.program_stats(c)["flops"] for name, c in s.compiled.items() if name.startswith("step:"))
+        measure.program_stats(c)["flops"] for key, c in s.compiled.items() if key[0] == "step")
     assert len(acc["memory_per_stage"]) == 2
     # stage 0's residuals, held from its forward program to its backward, count as activations
-    assert acc["activation_bytes_per_device"] >= s.compiled["step:train_fwd0"].memory_analysis().output_size_in_bytes
+    assert acc["activation_bytes_per_device"] >= s.compiled["step", "train_fwd0", s.device(0).id].memory_analysis().output_size_in_bytes
     nbytes = lambda t: sum(x.nbytes for x in jax.tree.leaves(t))  # noqa: E731
     per_stage = [nbytes(p) + nbytes(o) for p, o in zip(state.params, state.opt_state)]
     assert acc["state_bytes_per_device"] == max(per_stage) < sum(per_stage)

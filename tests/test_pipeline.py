@@ -1,5 +1,6 @@
-"""`pipeline` (GPipe and 1F1B) equals `single` for every model; its communication, padding
-and memory match theory.
+"""`pipeline` (GPipe and 1F1B) equals `single` for every model, in both formulations (one
+SPMD program, `--pipeline-impl spmd`; one program per stage driven from the host, `mpmd`);
+its communication, padding and memory match theory.
 
 The seeds' models (mlp, cnn, resnet) on 2 and 4 stages cut by FLOPs (stages of uneven layer
 counts and different shapes) and by --stage-boundaries; the ResNet, whose batch norm runs
@@ -26,28 +27,35 @@ def reference(model):
     return eq.run(eq.config(**(STACK if model == "stack-mlp" else VIT)), steps=5)
 
 
+IMPLS = ["spmd", "mpmd"]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("stages,micro", [(2, 4), (4, 8), (2, 2)])
-def test_stack_mlp_equals_single(schedule, stages, micro):
+def test_stack_mlp_equals_single(schedule, stages, micro, impl):
     cfg = eq.config(strategy="pipeline", mesh=f"stage={stages}", microbatches=micro,
-                    schedule=schedule, **STACK)
+                    schedule=schedule, pipeline_impl=impl, **STACK)
     eq.assert_equivalent(reference("stack-mlp"), eq.run(cfg, steps=5, devices=stages))
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("schedule,stages", [("gpipe", 2), ("1f1b", 2), ("1f1b", 4)])
-def test_vit_equals_single(schedule, stages):
-    cfg = eq.config(strategy="pipeline", mesh=f"stage={stages}", microbatches=4, schedule=schedule, **VIT)
+def test_vit_equals_single(schedule, stages, impl):
+    cfg = eq.config(strategy="pipeline", mesh=f"stage={stages}", microbatches=4, schedule=schedule,
+                    pipeline_impl=impl, **VIT)
     eq.assert_equivalent(reference("vit"), eq.run(cfg, steps=5, devices=stages))
 
 
 @requires_devices(4)
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("model,stages,boundaries", [
     ("mlp", 2, None), ("mlp", 4, None), ("cnn", 2, None), ("cnn", 4, None),
     ("resnet", 2, None), ("resnet", 4, None), ("cnn", 2, (1,)), ("resnet", 3, (2, 3))])
-def test_seed_models_equal_single(schedule, model, stages, boundaries):
+def test_seed_models_equal_single(schedule, model, stages, boundaries, impl):
     cfg = pc.config(model, strategy="pipeline", mesh=f"stage={stages}", microbatches=4,
-                    schedule=schedule, stage_boundaries=boundaries)
+                    schedule=schedule, stage_boundaries=boundaries, pipeline_impl=impl)
     got = eq.run(cfg, steps=5, devices=stages)
     pc.assert_equivalent(pc.reference(model, 4), got)
     if boundaries:
@@ -55,7 +63,8 @@ def test_seed_models_equal_single(schedule, model, stages, boundaries):
 
 
 @requires_devices(2)
-def test_resnet_with_one_microbatch_equals_single_batch_norm_included():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_resnet_with_one_microbatch_equals_single_batch_norm_included(impl):
     """One micro-batch normalises over the whole batch, as `single` does.
 
     The ResNet's batch-norm biases that feed another batch norm have gradients that nearly
@@ -65,27 +74,29 @@ def test_resnet_with_one_microbatch_equals_single_batch_norm_included():
     kernels: on XLA's multi-threaded (Eigen) convolutions, measured, single and the pipeline
     agree to 7e-8 with the default CPU forms and sit 1.8e-4 apart with lax's pooling and stem
     (`conv_impl="xla"`, 5e-8 after 3 steps); on YNNPACK's convolutions it was the reverse."""
-    cfg = pc.config("resnet", strategy="pipeline", mesh="stage=2", microbatches=1)
+    cfg = pc.config("resnet", strategy="pipeline", mesh="stage=2", microbatches=1, pipeline_impl=impl)
     pc.assert_equivalent(eq.run(pc.config("resnet")), eq.run(cfg, steps=5, devices=2))
 
 
-def test_remat_changes_memory_not_results():
-    cfg = eq.config(strategy="pipeline", mesh="stage=2", microbatches=4, remat=True, **STACK)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_remat_changes_memory_not_results(impl):
+    cfg = eq.config(strategy="pipeline", mesh="stage=2", microbatches=4, remat=True, pipeline_impl=impl, **STACK)
     eq.assert_equivalent(reference("stack-mlp"), eq.run(cfg, steps=5, devices=2))
 
 
-def _accounting(schedule, micro=16, remat=False, stages=2):
+def _accounting(schedule, micro=16, remat=False, stages=2, impl="spmd"):
     cfg = eq.config(strategy="pipeline", mesh=f"stage={stages}", microbatches=micro, schedule=schedule,
-                    remat=remat, model="stack-mlp", width=64, depth=4, batch_size=128)
+                    remat=remat, model="stack-mlp", width=64, depth=4, batch_size=128, pipeline_impl=impl)
     t = eq.run(cfg, steps=1, devices=stages, global_batches=eq.batches(128, 1))
     programs = t.strategy.compile("step", t.state, t.strategy.place_batch(eq.batches(128, 1)[0]))
     return t.strategy.accounting(programs, t.state), t
 
 
-def test_1f1b_holds_less_activation_memory_than_gpipe():
-    gpipe, _ = _accounting("gpipe")          # M = 16 >= 2S = 4
-    remat, _ = _accounting("gpipe", remat=True)
-    one_f, _ = _accounting("1f1b")
+@pytest.mark.parametrize("impl", IMPLS)
+def test_1f1b_holds_less_activation_memory_than_gpipe(impl):
+    gpipe, _ = _accounting("gpipe", impl=impl)          # M = 16 >= 2S = 4
+    remat, _ = _accounting("gpipe", remat=True, impl=impl)
+    one_f, _ = _accounting("1f1b", impl=impl)
     assert one_f["activation_bytes_per_device"] < gpipe["activation_bytes_per_device"]
     assert remat["activation_bytes_per_device"] < gpipe["activation_bytes_per_device"]
 
@@ -112,7 +123,8 @@ def test_padding_bytes_equal_theory_from_the_cnns_shapes():
     """The CNN cut after every layer hands on [14,14,32], [7,7,64], [128] per example: every
     send is as wide as the widest, and each micro-batch crosses each boundary twice."""
     from test_theory_bytes import CNN_BOUNDARIES
-    cfg = pc.config("cnn", strategy="pipeline", mesh="stage=4", microbatches=4, stage_boundaries=(1, 2, 3))
+    cfg = pc.config("cnn", strategy="pipeline", mesh="stage=4", microbatches=4, stage_boundaries=(1, 2, 3),
+                    pipeline_impl="spmd")
     d = eq.run(cfg, steps=1, devices=4).strategy.describe()
     rows, widest = 16 // 4, max(CNN_BOUNDARIES)
     assert d["boundary_elements_per_example"] == CNN_BOUNDARIES
@@ -136,8 +148,46 @@ def test_pipeline_mesh_must_have_a_stage_axis():
         eq.run(eq.config(strategy="pipeline", mesh="data=2", **STACK), steps=1, devices=2)
 
 
-def test_describe_reports_schedule_and_bubble():
-    cfg = eq.config(strategy="pipeline", mesh="stage=2", microbatches=4, schedule="1f1b", **STACK)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_describe_reports_schedule_and_bubble(impl):
+    cfg = eq.config(strategy="pipeline", mesh="stage=2", microbatches=4, schedule="1f1b",
+                    pipeline_impl=impl, **STACK)
     d = eq.run(cfg, steps=1, devices=2).strategy.describe()
+    assert d["implementation"] == impl
     assert d["slots"] == 2 * (4 + 2 - 1) and d["bubble_fraction"] == pytest.approx(1 / 5)
     assert np.isclose(d["bubble_theory"], 1 / 5)
+
+
+@requires_devices(4)
+def test_host_stages_move_each_boundary_once_each_way_without_padding():
+    """One program per stage: the CNN's stages take their own shapes, each micro-batch's
+    activation crosses each boundary forward once and its gradient back once (no padding),
+    no collective runs, and the compiled step covers each stage program M times."""
+    from test_theory_bytes import CNN_BOUNDARIES
+    cfg = pc.config("cnn", strategy="pipeline", mesh="stage=4", microbatches=4,
+                    stage_boundaries=(1, 2, 3), pipeline_impl="mpmd")
+    t = eq.run(cfg, steps=1, devices=4)
+    s, batch = t.strategy, t.strategy.place_batch(eq.batches(16, 1)[0])
+    d = s.describe()
+    assert d["boundary_elements_per_example"] == CNN_BOUNDARIES and "padding_bytes_per_step" not in d
+    assert d["stage_transfer_bytes_per_step"] == 2 * 16 * sum(CNN_BOUNDARIES) * 4
+    programs = s.compile("step", t.state, batch)
+    assert programs.collective_bytes["total"] == 0
+    calls = {p.name: p.calls for p in programs.parts}
+    assert calls["train_fwd0@0"] == calls["bwd2@0"] == calls["last@0"] == 4 and calls["update3@0"] == 1
+    counts = dict(s.trace_counts)
+    jax.device_get(s.step(t.state, batch)[1])
+    assert dict(s.trace_counts) == counts  # the compiled stage programs ran: no retrace
+
+
+@pytest.mark.parametrize("backend,impl", [("cpu", "mpmd"), ("gpu", "spmd"), ("tpu", "spmd")])
+def test_auto_picks_the_formulation_by_backend(monkeypatch, backend, impl):
+    from jaxpar.parallel import pipeline_common
+    from jaxpar.train import make_strategy
+    monkeypatch.setattr(pipeline_common.jax, "default_backend", lambda: backend)
+    assert pipeline_common.resolve_impl("auto") == impl
+    for name in ("pipeline", "gems"):
+        strategy = make_strategy(eq.config(strategy=name, microbatches=4, **STACK))
+        assert strategy.implementation == impl and strategy.name == name
+    # hybrid's tensor split needs the one SPMD program on every backend
+    assert make_strategy(eq.config(strategy="hybrid", **STACK)).implementation == "spmd"

@@ -82,6 +82,12 @@ class Strategy:
     runs_executables: bool = True
 
     @classmethod
+    def formulation(cls, config: TrainConfig) -> type["Strategy"]:
+        """The class that runs this strategy for `config` on this backend: a strategy with
+        several formulations (`pipeline`, `gems`: `--pipeline-impl`) picks one; most have one."""
+        return cls
+
+    @classmethod
     def check_model(cls, model: str) -> None:
         """ConfigError naming the models this strategy takes, unless it takes `model`."""
         if cls.models is not None and model not in cls.models:

@@ -32,29 +32,14 @@ from jax import lax
 from jaxpar.mesh import STAGE
 from jaxpar.parallel import schedules
 from jaxpar.parallel.pipeline import F32, Pipeline
+from jaxpar.parallel.pipeline_common import GemsFace
+from jaxpar.parallel.pipeline_mpmd import GemsMPMD
 from jaxpar.parallel.stages import Stages
 
 
-class Gems(Pipeline):
-    name = "gems"
-    summary = ("two model replicas on the same `stage` devices in opposite directions, each "
-               "filling the other's bubble (GEMS / Chimera); `--microbatches M` split between them")
-    options = ("microbatches", "stage_boundaries")
+class Gems(GemsFace, Pipeline):
     copies = 2
-    multiprocess = False  # not yet tested on a mesh over processes (pipeline is)
-
-    @classmethod
-    def check(cls, config, axes):
-        problems = super().check(config, axes)
-        stages, m = axes.get(STAGE, 1), config.parallel.microbatches
-        if stages % 2:
-            problems.append(f"--strategy gems pairs device d with device S-1-d; --mesh {STAGE}={stages} "
-                            f"is odd (the middle device would hold one stage twice and no bubble is "
-                            f"saved): use an even number of stages.")
-        if m % 2:
-            problems.append(f"--microbatches {m} must be even for --strategy gems: half of them go down "
-                            f"each replica.")
-        return problems
+    host_formulation = GemsMPMD
 
     @property
     def schedule_name(self) -> str:

@@ -36,6 +36,9 @@ class Hybrid(Pipeline):
     models = ("stack-mlp", "vit")  # blocks that split column -> row, no batch norm
     data_axis = DATA
     axes = (DATA, TENSOR, STAGE)
+    # one SPMD program only: each stage's tensor split is a collective over its TENSOR devices
+    options = tuple(o for o in Pipeline.options if o != "pipeline_impl")
+    host_formulation = None
 
     @classmethod
     def check(cls, config, axes):

@@ -39,6 +39,8 @@ from jaxpar.mesh import DATA, STAGE, TENSOR
 from jaxpar.parallel import layout, partition, processes, schedules
 from jaxpar.parallel.base import Strategy
 from jaxpar.parallel.layout import map_param_trees
+from jaxpar.parallel.pipeline_common import PipelineFace, resolve_impl
+from jaxpar.parallel.pipeline_mpmd import PipelineMPMD
 from jaxpar.parallel.stages import REP, SPLIT, Stages
 
 F32 = 4
@@ -51,35 +53,17 @@ def vary(x, axes: tuple[str, ...]):
     return lax.pcast(x, missing, to="varying") if missing else x
 
 
-class Pipeline(Strategy):
-    name = "pipeline"
-    family = "model parallel"
-    summary = ("any model's layers cut into stages balanced by FLOPs, one per device over "
-               "`stage`; `--microbatches M`, `--schedule gpipe|1f1b`, `--remat`, "
-               "`--stage-boundaries`")
-    models = None  # any model: a sequence of layers (`model.layers()`)
-    default_axes = {STAGE: -1}
-    axes = (STAGE,)
-    options = ("microbatches", "schedule", "remat", "stage_boundaries")
-    batch_norm_per_shard = True  # per micro-batch statistics
+class Pipeline(PipelineFace, Strategy):
+    """The SPMD formulation, and the strategy's entry in the registry (`formulation` picks)."""
+
     copies = 1                   # replica copies of the model on the stage devices (gems: 2)
-    data_axis: str | None = None  # batch axis (hybrid: DATA)
-    multiprocess = True  # stages on one global mesh under jax.distributed
+    implementation = "spmd"
+    host_formulation: type[Strategy] | None = PipelineMPMD
 
     @classmethod
-    def check(cls, config, axes):
-        stages, shards = axes.get(STAGE, 1), axes.get(DATA, 1) if cls.data_axis else 1
-        m, batch = config.parallel.microbatches, config.data.batch_size
-        problems = []
-        if stages < 2:
-            problems.append(f"--strategy {cls.name} needs --mesh {STAGE}=S with S >= 2 stages.")
-        else:
-            problems += partition.boundary_problems(config.parallel.stage_boundaries,
-                                                    partition.layer_names(config.model), stages)
-        if batch % (shards * m):
-            problems.append(f"--microbatches {m} must divide the --batch-size {batch} rows of each "
-                            f"of the {shards} data shard(s); make --batch-size a multiple of {shards * m}.")
-        return problems
+    def formulation(cls, config):
+        impl = resolve_impl(config.parallel.pipeline_impl)
+        return cls.host_formulation if impl == "mpmd" and cls.host_formulation else cls
 
     # --- set-up -----------------------------------------------------------------------------
     def init(self, model, tx, mesh):
@@ -350,7 +334,8 @@ class Pipeline(Strategy):
         return 2 * self.M * sum(self.stages.padding_bytes_per_send())
 
     def describe(self) -> dict:
-        return {**super().describe(), "stages": self.S, "microbatches": self.M,
+        return {**super().describe(), "implementation": self.implementation,
+                "stages": self.S, "microbatches": self.M,
                 "schedule": self.schedule_name, "stage_starts": list(self.starts),
                 "stage_flops_per_example": partition.stage_costs(self.config, self.starts),
                 **self.stages.describe(),

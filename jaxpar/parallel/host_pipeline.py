@@ -1,0 +1,466 @@
+"""Stages as separate programs on their own devices, a schedule table driven from the host (MPMD).
+
+The model's layers (`model.layers()`) are cut into S consecutive stages balanced by FLOPs
+(`jaxpar.parallel.partition`, or `--stage-boundaries`); every stage has its own jitted
+programs, compiled for its own shapes (no padding) and placed by their arguments on the
+stage's device:
+
+- `train_fwd{s}`: the stage on one micro-batch, returning its output and its `jax.vjp` (a
+  pytree of residuals that stays on the device), or with `--remat` only the output (the
+  backward recomputes the stage from its input);
+- `bwd{s}`: that vjp applied to the gradient arriving from stage s + 1, added into the
+  stage's gradient accumulator (donated), and the gradient of the stage input to send back;
+- `last`: the last stage's forward, loss (the global batch's denominator) and backward in
+  one program, so the last stage keeps no residuals;
+- `update{s}`: the shared optimizer update (`step.apply_update`) of the stage's parameters.
+
+`step` walks a `schedules` table slot by slot (GPipe, 1F1B, GEMS) and dispatches each
+device's work in the order its column lists it; activations and gradients move with
+`device_put` (across processes `processes.move`). Dispatch is asynchronous: the host runs
+ahead, each device runs its queue in order, and a program starts when its inputs have
+arrived, so the stages overlap as the schedule says. No stage program holds control flow:
+XLA:CPU runs convolutions inside a conditional or a loop body on a slow path (a conv's forward
+and backward ~20x slower inside `lax.switch`; jax-ml/jax#12868), which the single SPMD program
+(`lax.switch` over stages inside a `lax.scan` of ticks) cannot avoid. The last stage runs
+each micro-batch's forward and backward together, at its forward's slot.
+
+With replicas (GEMS), stage s of replica r lives on device `schedules.device_of(s, r, S)`;
+after the schedule each stage's two gradient copies are exchanged and summed, so both copies
+take the same update and stay one model.
+
+Batch norm inside a stage normalises each micro-batch by its own statistics (as the SPMD
+program does); the running statistics after a step are the mean over the micro-batches of
+each one's update. `layer-split` is this machinery with one micro-batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import SingleDeviceSharding
+
+from jaxpar import measure
+from jaxpar import step as steplib
+from jaxpar.data import IMAGE_SHAPE
+from jaxpar.errors import ConfigError
+from jaxpar.mesh import STAGE
+from jaxpar.models import sequence
+from jaxpar.parallel import host_compile, host_timeline, layout, partition, processes, schedules
+from jaxpar.parallel.base import Strategy
+from jaxpar.parallel.stages import leaves, nest
+
+
+def _get(tree, path):
+    for k in path:
+        if isinstance(k, jax.tree_util.DictKey):
+            tree = tree[k.key]
+        elif isinstance(k, jax.tree_util.SequenceKey):
+            tree = tree[k.idx]
+        else:
+            tree = getattr(tree, k.name)
+    return tree
+
+
+def pick(structure, sources):
+    """A tree shaped like `structure`, each leaf taken from the first source holding its path.
+
+    Stage trees are sub-dicts of the reference tree with the same keys (blocks keep their
+    global index), so this both gathers stages into the reference layout and cuts it up.
+    """
+    def one(path, _):
+        for src in sources:
+            try:
+                return _get(src, path)
+            except (KeyError, IndexError, AttributeError, TypeError):
+                continue
+        raise KeyError(jax.tree_util.keystr(path))
+    return jax.tree_util.tree_map_with_path(one, structure)
+
+
+class HostPipeline(Strategy):
+    """Base of `layer-split` and the host-driven `pipeline` and `gems`: per-stage programs,
+    their placement and the table walk. Subclasses say how many micro-batches, which table
+    and how many replicas."""
+
+    family = "model parallel"
+    models = None  # any model: a sequence of layers, stages of any shapes
+    default_axes = {STAGE: -1}
+    axes = (STAGE,)
+    replicas = 1
+    implementation = "mpmd"  # how the stages run (`describe`, results)
+
+    # --- what subclasses choose --------------------------------------------------------------
+    @property
+    def microbatches(self) -> int:
+        return 1
+
+    @property
+    def schedule_name(self) -> str:
+        return "gpipe"
+
+    @property
+    def remat(self) -> bool:
+        return False
+
+    # --- layout ----------------------------------------------------------------------------
+    def init(self, model, tx, mesh):
+        self.mesh, self.tx = mesh, tx
+        self.devices = list(mesh.devices.flat)
+        self.S = S = len(self.devices)
+        problems = self.check(self.config, {STAGE: S})
+        if problems:
+            raise ConfigError(" ".join(problems))
+        self.M = self.microbatches
+        self.starts = partition.cut(self.config, S) if S > 1 else (0,)
+        layers = model.layers()
+        self.ranges = [range(a, b) for a, b in zip(self.starts, (*self.starts[1:], len(layers)))]
+        self.keys = [[k for i in r for k in layers[i].keys] for r in self.ranges]
+        self.names = [[layers[i].name for i in r] for r in self.ranges]
+        # elements per example each stage hands to the next (shapes only)
+        h, self.boundaries = jax.ShapeDtypeStruct((1, *IMAGE_SHAPE), jnp.float32), []
+        for r in self.ranges[:-1]:
+            h = jax.eval_shape(lambda x, r=r: sequence.apply([layers[i] for i in r], x), h)
+            self.boundaries.append(h.size)
+        self.graphdef, params, model_state = steplib.split_model(model)
+        self.shapes, self.state_shapes = layout.abstract(params), layout.abstract(model_state)
+        self.table = schedules.schedule(self.schedule_name, S, self.M)
+        self.stamps, self._stamped_jits = host_timeline.Stamps(), {}  # `timeline` only
+        self._build_programs()
+        return self.state_from_reference(steplib.init_state(params, model_state, tx))
+
+    def device(self, s: int, r: int = 0):
+        """The device of stage s of replica r."""
+        return self.devices[schedules.device_of(s, r, self.S)]
+
+    @property
+    def copies(self) -> list[tuple[int, int]]:
+        """(replica, stage) of every copy of a stage, in the order the state's tuples hold them."""
+        return [(r, s) for r in range(self.replicas) for s in range(self.S)]
+
+    def _stage_params(self, tree, s):
+        """Stage s's sub-dict of `tree` (parameters, or batch-norm statistics): its layers'."""
+        owned = lambda path: any(path[:len(k)] == tuple(k) for k in self.keys[s])  # noqa: E731
+        return nest([(path, x) for path, x in leaves(tree) if owned(path)])
+
+    def state_from_reference(self, ref):
+        ref = jax.device_get(ref)
+        params, opts, stats = [], [], []
+        for r, s in self.copies:
+            p = self._stage_params(ref.params, s)
+            on = SingleDeviceSharding(self.device(s, r))
+            params.append(processes.place(p, on))
+            opts.append(processes.place(pick(jax.eval_shape(self.tx.init, p), [ref.opt_state]), on))
+            stats.append(processes.place(self._stage_params(ref.model_state, s), on))
+        return steplib.TrainState(step=processes.place(ref.step, SingleDeviceSharding(self.devices[0])),
+                                  params=tuple(params), opt_state=tuple(opts), model_state=tuple(stats))
+
+    def state_to_reference(self, state):
+        mine = slice(0, self.S)  # replica 0's copies: every replica holds the same values
+        state = processes.fetch(state.replace(params=state.params[mine], opt_state=state.opt_state[mine],
+                                              model_state=state.model_state[mine]))
+        params = pick(self.shapes, list(state.params))
+        opt = pick(jax.eval_shape(self.tx.init, self.shapes), list(state.opt_state))
+        return steplib.TrainState(step=state.step, params=params, opt_state=opt,
+                                  model_state=pick(self.state_shapes, list(state.model_state)))
+
+    def _copy(self, tree, r, s):
+        return tree[r * self.S + s]
+
+    def place_batch(self, batch):
+        # Each replica's images go to its first stage, labels and weights to its last (where
+        # the loss is); every replica gets the whole batch and takes its own micro-batches.
+        batch = self.pad(batch)
+        out = {k: [] for k in ("image", "label", "weight")}
+        for r in range(self.replicas):
+            first, last = (SingleDeviceSharding(self.device(s, r)) for s in (0, self.S - 1))
+            out["image"].append(processes.place(batch["image"], first))
+            out["label"].append(processes.place(batch["label"], last))
+            out["weight"].append(processes.place(batch["weight"], last))
+        return {k: tuple(v) for k, v in out.items()}
+
+    def host_sums(self, sums):
+        return {k: float(v) for k, v in processes.fetch(sums).items()}  # from the last stage
+
+    # --- per-stage functions ---------------------------------------------------------------
+    def _forward(self, s, params, stats, x, train):
+        """Stage s on `x`: its output and its batch-norm statistics after the call."""
+        # Other stages' entries are zeros made inside the program; unused, so XLA drops them.
+        zeros = lambda t: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), t)  # noqa: E731
+        model = nnx.merge(self.graphdef, pick(self.shapes, [params, zeros(self.shapes)]),
+                          pick(self.state_shapes, [stats, zeros(self.state_shapes)]))
+        layers = model.layers()
+        h = steplib.normalize(x) if s == 0 else x
+        for i in self.ranges[s]:
+            h = layers[i](h, train)
+        new = self._stage_params(nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))), s)
+        return h, (new if train else stats)
+
+    def _train_forward(self, s, params, stats, x, z_sum):
+        """(output, its vjp or nothing with --remat, z_sum + the stage's statistics)."""
+        add = lambda new: jax.tree.map(jnp.add, z_sum, new)  # noqa: E731
+        if self.remat:
+            out, new = self._forward(s, params, stats, x, True)
+            return out, None, add(new)
+        out, vjp, new = self._vjp(s, params, stats, x)
+        return out, vjp, add(new)
+
+    def _vjp(self, s, params, stats, x):
+        if s == 0:  # the input is the image batch: no gradient to send back
+            return jax.vjp(lambda p: self._forward(0, p, stats, x, True), params, has_aux=True)
+        return jax.vjp(lambda p, h: self._forward(s, p, stats, h, True), params, x, has_aux=True)
+
+    def _backward(self, s, vjp, g, acc):
+        """The stage's vjp on the incoming gradient: (acc + parameter gradients, input gradient)."""
+        grads = vjp(g)
+        return jax.tree.map(jnp.add, acc, grads[0]), (grads[1] if s > 0 else None)
+
+    def _backward_remat(self, s, params, stats, x, g, acc):
+        return self._backward(s, self._vjp(s, params, stats, x)[1], g, acc)
+
+    def _last(self, params, stats, x, label, weight, denom, acc, z_sum, sums):
+        """The last stage on one micro-batch: forward, loss over the global denominator,
+        backward; accumulates its gradients, statistics and metric sums."""
+        S = self.S
+
+        def loss(p, h):
+            logits, new = self._forward(S - 1, p, stats, h, True)
+            value, s_m = steplib.loss_from_logits(logits, {"label": label, "weight": weight}, denom)
+            return value, (s_m, new)
+
+        argnums = (0,) if S == 1 else (0, 1)
+        grads, (s_m, new) = jax.grad(loss, argnums, has_aux=True)(params, x)
+        add = lambda a, b: jax.tree.map(jnp.add, a, b)  # noqa: E731
+        return add(acc, grads[0]), (grads[1] if S > 1 else None), add(z_sum, new), add(sums, s_m)
+
+    def _zeros(self, s, params, stats):
+        """Zero accumulators of stage s: gradients, statistics (and metric sums on the last)."""
+        sums = {k: jnp.zeros((), jnp.float32) for k in steplib.SUMS} if s == self.S - 1 else None
+        zero = lambda t: jax.tree.map(jnp.zeros_like, t)  # noqa: E731
+        return zero(params), zero(stats), sums
+
+    def _split_images(self, r, x):
+        return tuple(jnp.split(self._rows(r, x), self.M // self.replicas))
+
+    def _split_labels(self, r, label, weight):
+        """Replica r's micro-batches of labels and weights, and the global batch's weight total."""
+        cut = lambda a: tuple(jnp.split(self._rows(r, a), self.M // self.replicas))  # noqa: E731
+        return cut(label), cut(weight), weight.sum()
+
+    def _rows(self, r, a):
+        n = a.shape[0] // self.replicas
+        return a[r * n:(r + 1) * n]
+
+    def _update(self, params, opt_state, grads, z_sum):
+        st = steplib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                                opt_state=opt_state, model_state={})
+        st = steplib.apply_update(st, grads, self.tx)
+        return st.params, st.opt_state, jax.tree.map(lambda z: z / self.M, z_sum)
+
+    def _build_programs(self):
+        S = self.S
+        for s in range(S - 1):
+            self._register(f"fwd{s}", lambda p, z, x, s=s: self._forward(s, p, z, x, False)[0])
+            self._register(f"train_fwd{s}", lambda *a, s=s: self._train_forward(s, *a), donate_argnums=3)
+            if self.remat:
+                self._register(f"bwd{s}", lambda *a, s=s: self._backward_remat(s, *a), donate_argnums=4)
+            else:
+                self._register(f"bwd{s}", lambda *a, s=s: self._backward(s, *a), donate_argnums=2)
+        self._register("last", self._last, donate_argnums=(6, 7, 8))
+        self._register("last_eval", lambda p, z, x, b: steplib.loss_from_logits(
+            self._forward(S - 1, p, z, x, False)[0], b)[1])
+        add = lambda a, b: jax.tree.map(jnp.add, a, b)  # noqa: E731
+        for s in range(S):
+            self._register(f"zeros{s}", lambda p, z, s=s: self._zeros(s, p, z))
+            self._register(f"update{s}", self._update, donate_argnums=(0, 1))
+            if self.replicas > 1:  # per stage: a device holds two stages' copies
+                self._register(f"add{s}", add)
+        for r in range(self.replicas):
+            self._register(f"split_images{r}", lambda x, r=r: self._split_images(r, x))
+            self._register(f"split_labels{r}", lambda a, w, r=r: self._split_labels(r, a, w))
+        if self.replicas > 1:
+            self._register("add_sums", add)
+
+    def _register(self, name, fn, transform=jax.jit, **kwargs):
+        self._fns = {**getattr(self, "_fns", {}), name: fn}  # for the stamped variants (timeline)
+        super()._register(name, fn, transform, **kwargs)
+
+    def _prog(self, name, kind, device):
+        """Program `name` as AOT-compiled for `kind` ('step', 'eval_step') on `device`, else jitted."""
+        return self.compiled.get((kind, name, device.id)) or getattr(self, f"_jit_{name}")
+
+    def _stamped(self, name):
+        """Program `name` stamping its start and end into `self.stamps` (`host_timeline`)."""
+        if name not in self._stamped_jits:
+            self._stamped_jits[name] = jax.jit(host_timeline.stamped(self._fns[name], self.stamps))
+        return self._stamped_jits[name]
+
+    def timeline(self, state, batch) -> list[dict]:
+        """A measured per-device timeline of one step (`host_timeline.timeline`)."""
+        return host_timeline.timeline(self, state, batch)
+
+    # --- the table walk ----------------------------------------------------------------------
+    def _grads(self, state, batch, kind="gradients"):
+        """Run the schedule: per copy (replica, stage) the summed gradients and batch-norm
+        statistics, and the metric sums (on replica 0's last stage). kind "timeline": the
+        stamped programs (`host_timeline`)."""
+        walk = _Walk(self, state, batch, kind)
+        for row in self.table:
+            for d, slot in enumerate(row):
+                if slot is not None:
+                    walk.run(*schedules.op(slot), d)
+        return walk.finish()
+
+    def step(self, state, batch):
+        acc, z_sum, sums = self._grads(state, batch, "step")
+        out = [self._prog(f"update{s}", "step", self.device(s, r))(
+            self._copy(state.params, r, s), self._copy(state.opt_state, r, s),
+            self._copy(acc, r, s), self._copy(z_sum, r, s)) for r, s in self.copies]
+        params, opts, stats = zip(*out)
+        return state.replace(step=state.step + 1, params=params, opt_state=opts,
+                             model_state=stats), sums
+
+    def gradients(self, state, batch):
+        acc, _, _ = self._grads(state, batch)
+        return pick(self.shapes, processes.fetch(list(acc[:self.S])))
+
+    def eval_step(self, state, batch):
+        x = batch["image"][0]
+        for s in range(self.S - 1):
+            x = processes.move(self._prog(f"fwd{s}", "eval_step", self.device(s))(
+                state.params[s], state.model_state[s], x), self.device(s + 1))
+        labels = {"label": batch["label"][0], "weight": batch["weight"][0]}
+        return self._prog("last_eval", "eval_step", self.device(self.S - 1))(
+            state.params[self.S - 1], state.model_state[self.S - 1], x, labels)
+
+    def compile(self, name, state, batch):
+        """AOT-compile every program `name` ('step' or 'eval_step') runs, each on the device of
+        each stage copy; returns them all (`measure.Programs`) with how often a call runs each."""
+        start = time.perf_counter()
+        parts = host_compile.compile_programs(self, name, state, batch)
+        return measure.Programs(name, time.perf_counter() - start, tuple(parts))
+
+    # --- accounting ------------------------------------------------------------------------
+    def stage_param_bytes(self) -> list[int]:
+        return [int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
+            self._stage_params(self.shapes, st)))) for st in range(self.S)]
+
+    def transfer_bytes_per_step(self) -> int:
+        """Bytes moved between devices per step: each example's activation crosses each
+        boundary forward once and its gradient back once (f32, no padding)."""
+        return 2 * self.config.data.batch_size * sum(self.boundaries) * 4
+
+    def theory(self) -> dict[str, int]:
+        return {"total": 0}  # activations move with device_put between programs
+
+    def accounting(self, programs, state) -> dict:
+        # Memory per device (the base's) is the most any stage program needs; per stage, the
+        # most of the programs on its device.
+        memory = {p.name: p.stats["memory"] for p in programs.parts}
+        stage_of = {p.name: p.stage for p in programs.parts}
+        per_stage = [measure.max_memory([m for prog, m in memory.items() if stage_of[prog] == s])
+                     for s in range(self.S)]
+        # Activations are outputs here, not temporaries: a stage's forward returns the
+        # residuals its backward consumes later, one set per micro-batch in flight.
+        peaks = schedules.peak_in_flight(self.table)
+        held = [memory[f"train_fwd{s}@0"]["output_bytes"] * max(1, peaks[s]) + memory[f"bwd{s}@0"]["temp_bytes"]
+                for s in range(self.S - 1)]
+        return {**super().accounting(programs, state),
+                "param_bytes_per_device": max(self.stage_param_bytes()) * self.replicas,
+                "memory_per_stage": per_stage,
+                "activation_bytes_per_device": max([*held, memory["last@0"]["temp_bytes"]])}
+
+    def describe(self):
+        return {**super().describe(), "stages": self.S, "stage_starts": list(self.starts),
+                "stage_layers": self.names, "implementation": self.implementation,
+                "stage_flops_per_example": partition.stage_costs(self.config, self.starts),
+                "stage_param_bytes": self.stage_param_bytes(),
+                "boundary_elements_per_example": self.boundaries,
+                "stage_transfer_bytes_per_step": self.transfer_bytes_per_step()}
+
+
+class _Walk:
+    """One walk of the schedule table: what each device holds between its slots."""
+
+    def __init__(self, pipe: HostPipeline, state, batch, kind):
+        self.p, self.state, self.kind = pipe, state, kind
+        self.doing: tuple[str, int | None] = ("other", None)  # (kind, micro-batch) being run
+        S, R = pipe.S, pipe.replicas
+        self.images, self.labels, self.weights, self.denom = {}, {}, {}, {}
+        for r in range(R):
+            self.images[r] = self.prog(f"split_images{r}", 0, r)(batch["image"][r])
+            self.labels[r], self.weights[r], self.denom[r] = self.prog(f"split_labels{r}", S - 1, r)(
+                batch["label"][r], batch["weight"][r])
+        self.acc, self.z_sum, self.sums = {}, {}, {}
+        for r, s in pipe.copies:
+            self.acc[r, s], self.z_sum[r, s], sums = self.prog(f"zeros{s}", s, r)(
+                pipe._copy(state.params, r, s), pipe._copy(state.model_state, r, s))
+            if s == S - 1:
+                self.sums[r] = sums
+        self.inbox: dict[tuple, jax.Array] = {}  # ("act" | "grad", r, m, s) -> arrived there
+        self.kept: dict[tuple, object] = {}      # (r, m, s) -> the vjp (or input, --remat)
+
+    def prog(self, name, s, r):
+        device = self.p.device(s, r)
+        if self.kind != "timeline":
+            return self.p._prog(name, self.kind, device)
+        kind, m = self.doing
+        program = self.p._stamped(name)
+        tag = self.p.stamps.tag(program=name, device=self.p.devices.index(device), stage=s,
+                                replica=r, kind=kind, microbatch=m)
+        return functools.partial(program, tag)
+
+    def _send(self, what, x, r, m, s):
+        self.inbox[what, r, m, s] = processes.move(x, self.p.device(s, r))
+
+    def run(self, kind, m, r, d):
+        """Device d's table entry: a forward or backward of micro-batch m of replica r."""
+        p, S = self.p, self.p.S
+        s = schedules.stage_of(d, r, S)
+        i = m - r * (p.M // p.replicas)  # the micro-batch's index within its replica
+        self.doing = ("F+B" if kind == "F" and s == S - 1 else kind, m)
+        params, stats = p._copy(self.state.params, r, s), p._copy(self.state.model_state, r, s)
+        if kind == "F":
+            x = self.images[r][i] if s == 0 else self.inbox.pop(("act", r, m, s))
+            if s == S - 1:  # forward, loss and backward at once
+                self.acc[r, s], dx, self.z_sum[r, s], self.sums[r] = self.prog("last", s, r)(
+                    params, stats, x, self.labels[r][i], self.weights[r][i], self.denom[r],
+                    self.acc[r, s], self.z_sum[r, s], self.sums[r])
+                if S > 1:
+                    self._send("grad", dx, r, m, s - 1)
+                return
+            out, vjp, self.z_sum[r, s] = self.prog(f"train_fwd{s}", s, r)(params, stats, x, self.z_sum[r, s])
+            self.kept[r, m, s] = x if p.remat else vjp
+            self._send("act", out, r, m, s + 1)
+            return
+        if s == S - 1:
+            return  # done with its forward
+        g, kept = self.inbox.pop(("grad", r, m, s)), self.kept.pop((r, m, s))
+        args = (params, stats, kept, g) if p.remat else (kept, g)
+        self.acc[r, s], dx = self.prog(f"bwd{s}", s, r)(*args, self.acc[r, s])
+        if s > 0:
+            self._send("grad", dx, r, m, s - 1)
+
+    def finish(self):
+        self.doing = ("other", None)
+        return self._combine()
+
+    def _combine(self):
+        """(gradients, statistics per copy, metric sums): with replicas, each copy of a stage
+        gets the sum of every replica's, so all copies take the same update."""
+        p = self.p
+        acc, z_sum = dict(self.acc), dict(self.z_sum)
+        if p.replicas > 1:
+            for r, s in p.copies:
+                for other in range(p.replicas):
+                    if other != r:
+                        theirs = processes.move((self.acc[other, s], self.z_sum[other, s]), p.device(s, r))
+                        acc[r, s], z_sum[r, s] = self.prog(f"add{s}", s, r)((acc[r, s], z_sum[r, s]), theirs)
+            sums = self.prog("add_sums", p.S - 1, 0)(self.sums[0], processes.move(self.sums[1], p.device(p.S - 1, 0)))
+        else:
+            sums = self.sums[0]
+        order = p.copies
+        return tuple(acc[c] for c in order), tuple(z_sum[c] for c in order), sums

@@ -1,0 +1,71 @@
+"""`pipeline` and `gems` with one program per stage, the schedule walked from the host.
+
+The formulation `--pipeline-impl auto` takes on a CPU backend (`pipeline_common`): the
+machinery is `host_pipeline.HostPipeline` (which `layer-split` uses with one micro-batch);
+this module says which table it walks, how many micro-batches and replicas, and what
+`describe` reports (bubble, micro-batches in flight).
+
+    python -m experiments bench --model cnn --strategy pipeline --devices 2 --microbatches 8 \\
+        --schedule 1f1b --pipeline-impl mpmd
+"""
+
+from __future__ import annotations
+
+from jaxpar.parallel import schedules
+from jaxpar.parallel.host_pipeline import HostPipeline
+from jaxpar.parallel.pipeline_common import GemsFace, PipelineFace
+
+
+class PipelineMPMD(PipelineFace, HostPipeline):
+    @property
+    def microbatches(self) -> int:
+        return self.config.parallel.microbatches
+
+    @property
+    def schedule_name(self) -> str:
+        return self.config.parallel.schedule
+
+    @property
+    def remat(self) -> bool:
+        return self.config.parallel.remat
+
+    def bubble_theory(self) -> float:
+        return schedules.bubble_theory(self.S, self.M)
+
+    def _schedule_facts(self) -> dict:
+        return {"microbatches": self.M, "schedule": self.schedule_name,
+                "slots": len(self.table), "bubble_fraction": schedules.bubble_fraction(self.table),
+                "bubble_theory": self.bubble_theory(),
+                "peak_in_flight_per_stage": schedules.peak_in_flight(self.table)}
+
+    def describe(self) -> dict:
+        return {**super().describe(), **self._schedule_facts(), "remat": self.remat}
+
+    def accounting(self, programs, state) -> dict:
+        facts = self._schedule_facts()
+        return {**super().accounting(programs, state),
+                **{k: facts[k] for k in ("bubble_fraction", "bubble_theory")}}
+
+
+class GemsMPMD(GemsFace, PipelineMPMD):
+    replicas = 2
+
+    @property
+    def schedule_name(self) -> str:
+        return self.name  # its table in schedules.TABLES
+
+    @property
+    def remat(self) -> bool:
+        return False
+
+    def bubble_theory(self) -> float:
+        return schedules.gems_bubble_theory(self.S, self.M)
+
+    def transfer_bytes_per_step(self) -> int:
+        """The micro-batches' activations and gradients, plus each stage's gradient (and
+        batch-norm statistics) sent to its other copy once a step."""
+        return super().transfer_bytes_per_step() + 2 * sum(self.stage_param_bytes())
+
+    def describe(self) -> dict:
+        return {**super().describe(), "replicas": self.replicas,
+                "stages_per_device": [[s, schedules.stage_of(s, 1, self.S)] for s in range(self.S)]}
