@@ -217,7 +217,9 @@ def screenshot(dataset: str, steps: int, out: Path) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        with demo_server(tmp) as server:
+        # The runs where a person's would go (the default --runs-dir), so the page shows
+        # the paths a person sees.
+        with demo_server(tmp, "--dataset", dataset, "--runs-dir", "results/demo") as server:
             driver = browser(tmp / "profile")
             try:
                 driver.get(server.url)
