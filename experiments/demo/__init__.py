@@ -96,6 +96,7 @@ def run(args: DemoOptions) -> int:
     app, runs = build(args.dataset, args.runs_dir, args.load, limits, args.load_anywhere)
     try:
         app.launch(server_name=args.host, server_port=port, share=False, inbrowser=False, auth=auth,
+                   auth_message="jaxpar demo: any user name, and the password you were given",
                    show_error=True, footer_links=[], ssr_mode=False, mcp_server=False,
                    theme=gr.themes.Default())
     finally:
