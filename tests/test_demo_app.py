@@ -18,7 +18,10 @@ import experiments.demo as demo
 from conftest import ROOT
 from demo_server import demo_server, skip_without_gradio
 from experiments.demo import captions
+from experiments.demo.models import BUNDLED
 from jaxpar.errors import ConfigError
+from jaxpar.results import RESULT_FILE
+from jaxpar.results import load as load_result
 
 
 def test_without_the_extra_the_command_names_the_install():
@@ -85,3 +88,13 @@ def test_the_demo_serves_beside_a_busy_port_with_bad_folders_to_load(tmp_path):
             config = urllib.request.urlopen(server.url + "config", timeout=30).read().decode()
             assert "could not load" in config and "holds no jaxpar result" in config
             assert "is not a folder" in config
+
+
+def test_the_committed_models_accuracies_as_the_page_quotes_them():
+    """docs/demo.md quotes each committed model's test accuracy: its result.json's."""
+    doc = (ROOT / "docs" / "demo.md").read_text()
+    folders = sorted(p.parent for p in BUNDLED.glob(f"*/{RESULT_FILE}"))
+    assert [f.name for f in folders] == ["fashion-cnn", "fashion-mlp"]
+    for folder in folders:
+        accuracy = load_result(folder / RESULT_FILE).metrics["test_accuracy"]
+        assert f"figures/data/demo/{folder.name}`" in doc and f"{accuracy:.2%} test accuracy" in doc

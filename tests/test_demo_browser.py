@@ -1,7 +1,8 @@
 """The demo in a real browser (Debian's chromium, headless, driven by selenium): start a short
-two-strategy run and see both curves appear, load a bad folder and see the message, draw on
-the canvas and see every loaded model's top 3; nothing is fetched from off the machine.
-Screenshots of each step go to the test's tmp folder.
+two-strategy run and see both curves appear; on the classify panel the two models just trained
+are there without a path typed (beside the committed ones), a bad folder gives its message, and
+the drawing is classified by every model, those trained on the page included; nothing is
+fetched from off the machine. Screenshots of each step go to the test's tmp folder.
 
     python -m pytest -q tests/test_demo_browser.py
     python tests/test_demo_browser.py --dataset fashion_mnist --steps 300 --out figures/demo.png
@@ -13,6 +14,7 @@ Skipped, with the install command, without chromium and chromedriver or the demo
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 import time
@@ -20,7 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from demo_server import demo_server, skip_without_gradio
+from experiments.demo.models import check_offline
+from jaxpar.errors import DataError
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 INSTALL = "apt-get install chromium chromium-driver; pip install -e '.[demo]' (make test does both)"
@@ -30,6 +35,7 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--enable-unsafe-swiftshader", "--window-size=1400,1100")
 WAIT_S = 240  # two training processes on shared CPUs
+PAIR = ("single", "dp-shard-map")  # the train panel's default strategies
 
 
 def browser(profile: Path):
@@ -87,7 +93,7 @@ def train_two(driver, shots: Path, dataset: str, steps: int, every: int) -> None
     set_field(driver, "eval-every", every)
     driver.save_screenshot(str(shots / "1-start.png"))
     driver.find_element("id", "start").click()
-    pair = {"single", "dp-shard-map"}
+    pair = set(PAIR)
     until(lambda: series(driver, "loss-plot") >= pair, "both loss curves")
     driver.save_screenshot(str(shots / "2-both-curves.png"))
     until(lambda: text(driver, "train-status").count("finished") == 2 or "failed" in text(driver, "train-status"),
@@ -112,10 +118,13 @@ def draw_trousers(driver) -> None:
         chain.release().perform()
 
 
-def classify(driver, shots: Path, bad_folder: Path | None) -> list[tuple[str, str]]:
-    """Load `bad_folder` (the message must show), draw trousers; (model, first class) rows."""
+def classify(driver, shots: Path, bad_folder: Path | None, trained: list[str],
+             committed: list[str]) -> list[tuple[str, str]]:
+    """See the models `trained` on the page and the `committed` ones listed (no path typed),
+    load `bad_folder` (the message must show), draw trousers; (model, first class) rows."""
     driver.find_element("id", "tab-classify-button").click()
-    until(lambda: "fashion-mlp" in text(driver, "classify-status"), "the committed model", 60)
+    until(lambda: all(name in text(driver, "classify-status") for name in trained + committed),
+          f"{trained + committed} on the classify panel", 60)
     if bad_folder is not None:
         set_field(driver, "folder", str(bad_folder))
         driver.find_element("id", "load").click()
@@ -123,10 +132,16 @@ def classify(driver, shots: Path, bad_folder: Path | None) -> list[tuple[str, st
         assert "holds no jaxpar result" in text(driver, "classify-status")
         driver.save_screenshot(str(shots / "4-bad-folder.png"))
     draw_trousers(driver)
-    # Each stroke sends the drawing; wait for the prediction of all three (a Trouser), not the
-    # first leg's.
-    best = until(lambda: (rows := top1(driver)) and "Trouser" in rows[0][1] and rows,
-                 "the top 3 of the whole drawing", 30)
+    # Each stroke sends the drawing; wait for the prediction of all three (the committed MLP's
+    # Trouser), not the first leg's, by every model.
+    expected = len(trained) + len(committed)
+
+    def whole_drawing():
+        rows = top1(driver)
+        mlp = [first for model, first in rows if "fashion-mlp" in model]
+        return len(rows) == expected and all("Trouser" in first for first in mlp) and rows
+
+    best = until(whole_drawing, "the top 3 of the whole drawing by every model", 30)
     driver.save_screenshot(str(shots / "5-drawn.png"))
     return best
 
@@ -156,20 +171,39 @@ def skip_without_browser() -> None:
         pytest.skip(f"needs Debian's chromium and chromedriver: {INSTALL}")
 
 
+def fashion_on_this_machine() -> bool:
+    try:
+        check_offline("fashion_mnist")
+        return True
+    except DataError:
+        return False
+
+
 def test_the_demo_in_a_browser(tmp_path):
+    """Fashion-MNIST's demo (its committed CNN and MLP) when the dataset is on this machine,
+    else the synthetic dataset's (no committed model): either way the models trained on the
+    page classify the drawing."""
     skip_without_browser()
     shots = tmp_path / "screenshots"
     shots.mkdir()
-    with demo_server(tmp_path) as server:
+    dataset = "fashion_mnist" if fashion_on_this_machine() else "synthetic"
+    committed = ["fashion-cnn: single cnn", "fashion-mlp: single mlp"] if dataset == "fashion_mnist" else []
+    empty = tmp_path / "runs" / "no-result-here"  # where the page may load from, holding nothing
+    empty.mkdir(parents=True)
+    with demo_server(tmp_path, "--dataset", dataset) as server:
         driver = browser(tmp_path / "profile")
         try:
             driver.get(server.url)
             until(lambda: driver.find_elements("id", "start"), "the page", 60)
-            train_two(driver, shots, "synthetic", steps=60, every=20)
-            empty = tmp_path / "no-result-here"  # not the prefix of a listed folder
-            empty.mkdir()
-            best = classify(driver, shots, empty)
-            assert len(best) == 1 and "fashion-mlp" in best[0][0], best  # the committed model
+            train_two(driver, shots, dataset, steps=60, every=20)
+            shown = [text(driver, "train-status")]
+            trained = [f"{strategy} mlp, step 60" for strategy in PAIR]
+            best = classify(driver, shots, empty, trained, committed)
+            for name in trained + committed:  # each model classified the drawing
+                assert sum(name in model for model, _ in best) == 1, (name, best)
+            shown.append(text(driver, "classify-status"))
+            for absolute in (ROOT, tmp_path):  # paths relative to where the demo started
+                assert not re.search(rf"(^|[\s`'(]){re.escape(str(absolute))}", "\n".join(shown)), shown
             assert remote_requests(driver) == []
         finally:
             driver.quit()
@@ -183,13 +217,16 @@ def screenshot(dataset: str, steps: int, out: Path) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        with demo_server(tmp) as server:
+        # The runs where a person's would go (the default --runs-dir), so the page shows
+        # the paths a person sees.
+        with demo_server(tmp, "--dataset", dataset, "--runs-dir", "results/demo") as server:
             driver = browser(tmp / "profile")
             try:
                 driver.get(server.url)
                 until(lambda: driver.find_elements("id", "start"), "the page", 60)
                 train_two(driver, tmp, dataset, steps=steps, every=max(1, steps // 8))
-                classify(driver, tmp, None)
+                classify(driver, tmp, None, [f"{strategy} mlp, step {steps}" for strategy in PAIR],
+                         ["fashion-cnn", "fashion-mlp"])
             finally:
                 driver.quit()
         top = Image.open(tmp / "3-finished.png")

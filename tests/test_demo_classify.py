@@ -194,7 +194,8 @@ def test_top3_table(runs):
     assert "Draw an item" in views.top3_markdown(models.loaded, None, models.names)
     image = datalib.load(models.loaded[0].config.data, seed=0).test[0][0]
     table = views.top3_markdown(models.loaded, image, models.names)
-    assert models.loaded[0].name in table and table.count("%") == 3
+    name = models.loaded[0].name
+    assert name in table and table.count("%") == 3 + name.count("%")  # three classes and the name's
 
 
 def test_the_demo_downloads_nothing(monkeypatch, tmp_path):
@@ -211,3 +212,43 @@ def test_the_demo_downloads_nothing(monkeypatch, tmp_path):
         check_offline("mnist")
     with pytest.raises(DataError, match="downloads nothing"):
         Models("mnist").test_split()
+
+
+def test_a_models_name_says_strategy_model_step_and_accuracy(runs, tmp_path, monkeypatch):
+    root, outcome = runs
+    accuracy = outcome.result.metrics["test_accuracy"]
+    model = classify.load(root / "single", "synthetic")
+    assert model.name == f"single mlp, step 25, {accuracy:.2%} test"  # the demo's runs: by strategy
+    shutil.copytree(root / "single", tmp_path / "my-run")
+    named = classify.load(tmp_path / "my-run" / classify.CHECKPOINT_SUBDIR, "synthetic")
+    assert named.name == f"my-run: single mlp, step 25, {accuracy:.2%} test"
+    (tmp_path / "my-run" / results.RESULT_FILE).unlink()  # a checkpoint alone: its last validation
+    assert classify.load(tmp_path / "my-run", "synthetic").name.endswith("% validation")
+    # Paths as the page shows them: relative to where the demo started, never absolute.
+    monkeypatch.chdir(tmp_path)
+    assert Models("synthetic").load(tmp_path / "my-run", trusted=True).endswith("from my-run")
+    with pytest.raises(classify.LoadError, match=r"^'nowhere' is not a folder"):
+        classify.load(tmp_path / "nowhere")
+
+
+def test_the_page_loads_only_under_its_folders(runs, tmp_path, monkeypatch):
+    """Classify reads the runs, results/ and committed folders, not the rest of the machine
+    (a name outside, a symbolic link out, `..`), unless the operator named it (--load) or
+    started the demo with --load-anywhere (roots None)."""
+    root, _ = runs
+    monkeypatch.chdir(tmp_path)
+    allowed = tmp_path / "results"
+    shutil.copytree(root / "single", allowed / "single")
+    (allowed / "link").symlink_to(root / "single")
+    (allowed / "elsewhere").mkdir()  # its result.json names a checkpoint outside
+    shutil.copy(root / "single" / results.RESULT_FILE, allowed / "elsewhere")
+    models = Models("synthetic", roots=[allowed])
+    assert models.load("results/single").startswith("loaded single mlp")
+    for outside in (root / "single", "results/link", "results/elsewhere", "results/../results/../../",
+                    tmp_path / "no-such-folder-outside"):
+        with pytest.raises(classify.LoadError, match="outside the folders this demo loads from "
+                                                     r"\(results\).*--load-anywhere"):
+            models.load(outside)
+    assert len(models.loaded) == 1
+    assert models.preload([root / "single"])[0].startswith("loaded")  # the operator's --load
+    assert Models("synthetic", roots=None).load(root / "single").startswith("loaded")

@@ -2,9 +2,10 @@
 classifies with the trained models (a drawing canvas included) and shows the study figures.
 
     python -m experiments demo [--port 7860] [--dataset fashion_mnist] [--load FOLDER,...]
+    JAXPAR_DEMO_PASSWORD=... python -m experiments demo --host 0.0.0.0   # others log in
 
 Needs the optional `demo` extra (`pip install -e '.[demo]'`, Gradio). Served on 127.0.0.1
-only unless --host says otherwise; nothing is fetched from the internet (Gradio's analytics
+only unless --host says otherwise, and then only with a password (`safety`); nothing is fetched from the internet (Gradio's analytics
 and version check are off, its fonts and scripts come from the installed package). See
 docs/demo.md for what each panel shows.
 """
@@ -15,6 +16,7 @@ import os
 import socket
 from dataclasses import dataclass
 
+from experiments.demo.safety import PASSWORD_ENV, Limits, auth_for, password_from
 from experiments.options import option
 from jaxpar.errors import ConfigError, UserError
 
@@ -29,13 +31,24 @@ OFFLINE_ENV = {"GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
 class DemoOptions:
     port: int = option(DEFAULT_PORT, "port to serve on; if it is in use, the next free one")
     host: str = option("127.0.0.1", "address to bind (127.0.0.1: this machine only; 0.0.0.0 lets "
-                                    "other machines in)")
+                                    "other machines in, and needs a password)")
+    password: str | None = option(None, "the password visitors log in with (any user name); "
+                                        f"needed beyond 127.0.0.1; better: ${PASSWORD_ENV}, out of "
+                                        "ps and shell histories. No default")
     dataset: str = option("fashion_mnist", "what the classify panel and the canvas take (mnist: "
                                            "digits) and the train panel's first choice")
     runs_dir: str = option("results/demo", "where live runs write their results, checkpoints and events")
     load: tuple[str, ...] | None = option(None, "result folders or checkpoints to load at start, "
                                                 "comma-separated (default: the committed models of "
                                                 "--dataset under figures/data/demo)")
+    load_anywhere: bool = option(False, "let the page load models from any folder on this machine "
+                                        "(default: only under --runs-dir, results/ and "
+                                        "figures/data/demo)")
+    max_steps: int = option(Limits.max_steps, "the most steps one Start may ask for")
+    max_devices: int = option(Limits.max_devices, "the most simulated devices per run")
+    max_batch: int = option(Limits.max_batch, "the largest global batch one Start may ask for")
+    max_runs: int = option(Limits.max_runs, "the most strategies (training processes at once) "
+                                            "one Start may ask for")
 
 
 def import_gradio():
@@ -67,6 +80,10 @@ def free_port(host: str, port: int) -> int:
 
 def run(args: DemoOptions) -> int:
     """Serve the demo until Ctrl-C; live runs still going are stopped (with a checkpoint)."""
+    auth = auth_for(args.host, password_from(args.password))  # before anything is loaded
+    limits = Limits(args.max_steps, args.max_devices, args.max_batch, args.max_runs)
+    if min(vars(limits).values()) < 1:
+        raise ConfigError("--max-steps, --max-devices, --max-batch and --max-runs must be at least 1")
     gr = import_gradio()
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port must be in 1..65535, got {args.port}")
@@ -76,9 +93,10 @@ def run(args: DemoOptions) -> int:
               "(pass --port to choose)")
     from experiments.demo.app import build
 
-    app, runs = build(args.dataset, args.runs_dir, args.load)
+    app, runs = build(args.dataset, args.runs_dir, args.load, limits, args.load_anywhere)
     try:
-        app.launch(server_name=args.host, server_port=port, share=False, inbrowser=False,
+        app.launch(server_name=args.host, server_port=port, share=False, inbrowser=False, auth=auth,
+                   auth_message="jaxpar demo: any user name, and the password you were given",
                    show_error=True, footer_links=[], ssr_mode=False, mcp_server=False,
                    theme=gr.themes.Default())
     finally:

@@ -17,7 +17,9 @@ import pandas as pd
 from PIL import Image
 
 from experiments.demo import captions, drawing, live, views
+from experiments.demo.classify import shown
 from experiments.demo.models import BUNDLED, Models, candidates, check_offline
+from experiments.demo.safety import Limits
 from jaxpar.data import DATASETS
 from jaxpar.errors import UserError
 from jaxpar.models import MODELS
@@ -40,20 +42,28 @@ def _plot(rows: list[dict], y: str):
     return gr.update(value=_frame(rows, y), colors_in_legend=names)
 
 
-def train_tab(runs: live.LiveRuns, dataset: str) -> None:
-    """The train panel: options, start/stop/resume, curves and a table read every TICK_S."""
+def train_tab(runs: live.LiveRuns, dataset: str, limits: Limits, models: Models) -> None:
+    """The train panel: options, start/stop/resume, curves and a table read every TICK_S; a
+    run that finishes is loaded into `models` (the classify panel) by itself.
+
+    The bounds are checked by `limits` on the values received, not by the fields (an API
+    call skips the page), so the fields only say them in their labels.
+    """
     spec = live.RunSpec(dataset=dataset)
     with gr.Row():
         model = gr.Dropdown(list(MODELS), value=spec.model, label="model", elem_id="model")
         data = gr.Dropdown(list(DATASETS), value=spec.dataset, label="dataset", elem_id="dataset")
-        devices = gr.Number(spec.devices, label="simulated devices per run", precision=0, minimum=1)
-        steps = gr.Number(spec.steps, label="steps", precision=0, minimum=1, elem_id="steps")
-        batch = gr.Number(spec.batch_size, label="global batch", precision=0, minimum=1)
-        every = gr.Number(spec.eval_every, label="validate every", precision=0, minimum=1,
-                          elem_id="eval-every")
+        devices = gr.Number(spec.devices, label=f"simulated devices per run (≤ {limits.max_devices})",
+                            precision=0, elem_id="devices")
+        steps = gr.Number(spec.steps, label=f"steps (≤ {limits.max_steps})", precision=0,
+                          elem_id="steps")
+        batch = gr.Number(spec.batch_size, label=f"global batch (≤ {limits.max_batch})", precision=0,
+                          elem_id="batch")
+        every = gr.Number(spec.eval_every, label="validate every", precision=0, elem_id="eval-every")
     allowed = live.strategies_for(spec.model)
     strategies = gr.CheckboxGroup(allowed, value=[s for s in spec.strategies if s in allowed],
-                                  label="strategies (one process each)", elem_id="strategies")
+                                  label=f"strategies (one process each, ≤ {limits.max_runs})",
+                                  elem_id="strategies")
     with gr.Row():
         start, stop, resume = (gr.Button("Start", variant="primary", elem_id="start"),
                                gr.Button("Stop (checkpoint)", elem_id="stop"),
@@ -68,21 +78,21 @@ def train_tab(runs: live.LiveRuns, dataset: str) -> None:
                                x_title="wall seconds since start", elem_id="accuracy-plot")
     table = gr.Dataframe(pd.DataFrame([]), label="runs", elem_id="run-table", interactive=False)
     seen = gr.State(None)
+    classified: dict[Path, str] = {}  # finished run -> what loading it into Classify said
 
     def on_model(name, chosen):
         choices = live.strategies_for(name)
         return gr.update(choices=choices, value=[s for s in chosen if s in choices])
 
     def on_start(model, data, chosen, devices, steps, batch, every):
-        if not chosen:
-            return "Pick at least one strategy (two or more to compare)."
-        try:
+        try:  # everything checked before the previous runs stop or a process starts
+            run = live.RunSpec(**limits.check(model, data, chosen, devices, steps, batch, every,
+                                              models=list(MODELS), datasets=list(DATASETS),
+                                              strategies_for=live.strategies_for))
             check_offline(data)  # a run would download it otherwise
         except UserError as e:
             return f"**Not started:** {e}"
-        run = live.RunSpec(model=model, dataset=data, strategies=tuple(chosen), devices=int(devices),
-                           steps=int(steps), batch_size=int(batch), eval_every=int(every))
-        return f"Started {len(chosen)} runs in `{runs.start(run)}`."
+        return f"Started {len(run.strategies)} runs in `{shown(runs.start(run))}`."
 
     def on_stop():
         runs.stop()
@@ -99,15 +109,28 @@ def train_tab(runs: live.LiveRuns, dataset: str) -> None:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip(), last
         rows = live.curves(statuses, runs.started)
         states = ", ".join(f"{s.strategy}: {s.state}" for s in statuses)
-        lines = [f"Runs in `{runs.group}`: {states}" if statuses else "No runs yet."]
+        lines = [f"Runs in `{shown(runs.group)}`: {states}" if statuses else "No runs yet."]
         lines += [f"**{s.strategy} failed:** {s.error}" for s in statuses if s.state == "failed"]
+        lines += [classify_finished(s) for s in statuses if s.state == "finished"]
         return (_plot(rows["loss"], "loss"), _plot(rows["accuracy"], "val_accuracy"),
                 pd.DataFrame([live.summary_row(s) for s in statuses]), "\n\n".join(lines), signature)
 
+    def classify_finished(s: live.Status) -> str:
+        """Load a finished run into the classify panel (once); the line saying so."""
+        if s.folder not in classified:
+            try:
+                models.load(s.folder, trusted=True)  # the demo's own run: appended last
+                classified[s.folder] = f"**{s.strategy}** is in Classify as *{models.loaded[-1].name}*."
+            except UserError as e:
+                classified[s.folder] = f"**{s.strategy}** could not be loaded in Classify: {e}"
+        return classified[s.folder]
+
     model.change(on_model, [model, strategies], strategies)
-    start.click(on_start, [model, data, strategies, devices, steps, batch, every], status)
-    stop.click(on_stop, None, status)
-    resume.click(on_resume, None, status)
+    # Named endpoints: what the page's API (gradio_client) calls them; the tests call them so.
+    start.click(on_start, [model, data, strategies, devices, steps, batch, every], status,
+                api_name="start")
+    stop.click(on_stop, None, status, api_name="stop")
+    resume.click(on_resume, None, status, api_name="resume")
     gr.Timer(TICK_S).tick(on_tick, seen, [loss, accuracy, table, status, seen],
                           show_progress="hidden")
 
@@ -134,7 +157,7 @@ def classify_tab(models: Models, roots: list[Path], startup: list[str]):
     """The classify panel; returns its folder-list refresh and the outputs the page's own
     events (load, tab select) fill in."""
     with gr.Row():
-        folder = gr.Dropdown([str(p) for p in candidates(roots)], value=None, allow_custom_value=True,
+        folder = gr.Dropdown([shown(p) for p in candidates(roots)], value=None, allow_custom_value=True,
                              label="result folder or checkpoint (pick one or type a path)",
                              elem_id="folder", scale=4)
         load, refresh, clear = (gr.Button("Load", variant="primary", elem_id="load"),
@@ -153,6 +176,7 @@ def classify_tab(models: Models, roots: list[Path], startup: list[str]):
     tests = gr.HTML(elem_id="test-images")
     matrix = gr.Plot(label="confusion matrices (test split)", elem_id="confusion")
     drawn = gr.State(None)
+    version = gr.State(models.version)  # of the models this page shows
 
     def predictions(image):
         return views.top3_markdown(models.loaded, image, models.names if models.loaded else [])
@@ -167,15 +191,21 @@ def classify_tab(models: Models, roots: list[Path], startup: list[str]):
         try:
             message = models.load(path)
         except UserError as e:
-            return f"**Not loaded:** {e}", gr.skip(), gr.skip(), gr.skip()
-        return (*evaluation_views(models, message), predictions(image))
+            return f"**Not loaded:** {e}", gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return (*evaluation_views(models, message), predictions(image), models.version)
 
-    def on_clear():
+    def on_clear(image):
         models.clear()
-        return (*evaluation_views(models, "All models unloaded."), predictions(None))
+        return (*evaluation_views(models, "All models unloaded."), predictions(image), models.version)
+
+    def on_models(seen, image):
+        """Models loaded elsewhere (a run finished on the train panel): shown here too."""
+        if seen == models.version:
+            return (gr.skip(),) * 6
+        return (*evaluation_views(models), predictions(image), folders(), models.version)
 
     def folders():
-        return gr.update(choices=[str(p) for p in candidates(roots)])
+        return gr.update(choices=[shown(p) for p in candidates(roots)])
 
     def on_shuffle():
         models.next_sample()
@@ -183,11 +213,14 @@ def classify_tab(models: Models, roots: list[Path], startup: list[str]):
 
     canvas.change(on_draw, canvas, [seen, top3, drawn], show_progress="hidden",
                   trigger_mode="always_last")
-    load.click(on_load, [folder, drawn], [status, tests, matrix, top3])
-    folder.select(on_load, [folder, drawn], [status, tests, matrix, top3])
+    shown_models = [status, tests, matrix, top3, version]
+    load.click(on_load, [folder, drawn], shown_models, api_name="load")
+    folder.select(on_load, [folder, drawn], shown_models)
     refresh.click(folders, None, folder)
-    clear.click(on_clear, None, [status, tests, matrix, top3])
+    clear.click(on_clear, drawn, shown_models)
     shuffle.click(on_shuffle, None, [status, tests, matrix])
+    gr.Timer(TICK_S).tick(on_models, [version, drawn], [status, tests, matrix, top3, folder, version],
+                          show_progress="hidden")
     return folders, (status, tests, matrix, folder)
 
 
@@ -209,21 +242,25 @@ PICK_BRUSH = """() => { let tries = 0; const pick = () => {
 }; pick(); }"""
 
 
-def build(dataset: str, runs_root: str | Path, preload: list[str] | None) -> tuple[gr.Blocks, live.LiveRuns]:
+def build(dataset: str, runs_root: str | Path, preload: list[str] | None, limits: Limits = Limits(),
+          load_anywhere: bool = False) -> tuple[gr.Blocks, live.LiveRuns]:
     """The page and the live runs behind it (the caller launches the page).
 
     Args:
       preload: folders to load at start; None: the committed models of `dataset`.
+      limits: the most one Start may ask for.
+      load_anywhere: the page may load any folder (else only under the runs, results/ and the
+        committed models; `preload` is the operator's and may name any).
     """
     runs = live.LiveRuns(runs_root)
-    models = Models(dataset)
-    startup = models.preload(models.bundled() if preload is None else preload)
     roots = [Path(runs_root), Path("results"), BUNDLED]
+    models = Models(dataset, None if load_anywhere else roots)
+    startup = models.preload(models.bundled() if preload is None else preload)
     with gr.Blocks(title="jaxpar demo", analytics_enabled=False) as app:
         gr.Markdown(INTRO)
         with gr.Tabs():
             with gr.Tab("Train live", elem_id="tab-train"):
-                train_tab(runs, dataset)
+                train_tab(runs, dataset, limits, models)
             with gr.Tab("Classify", elem_id="tab-classify") as tab:
                 folders, (status, tests, matrix, folder) = classify_tab(models, roots, startup)
             with gr.Tab("Figures", elem_id="tab-figures"):

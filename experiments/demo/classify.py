@@ -11,6 +11,7 @@ strategy's `eval_step` runs) serves every run.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,13 +45,19 @@ def class_names(dataset: str) -> list[str]:
     return list(names) if names else [str(i) for i in range(datalib.NUM_CLASSES)]
 
 
+def shown(path: str | Path) -> str:
+    """`path` as the page shows it: relative to the folder the demo was started in (the page
+    and its screenshots never print the machine's absolute paths)."""
+    return os.path.relpath(path) if Path(path).is_absolute() else str(path)
+
+
 def find_checkpoint(folder: str | Path) -> Path:
     """The checkpoint folder behind `folder`: itself, its `checkpoint/` sub-folder (where the
     demo's runs keep theirs: found wherever the folder is moved or copied), or the one its
     result.json names (`config.checkpoint_dir`)."""
     folder = Path(folder).expanduser()
     if not folder.is_dir():
-        raise LoadError(f"{str(folder)!r} is not a folder; give a result folder (holding "
+        raise LoadError(f"{shown(folder)!r} is not a folder; give a result folder (holding "
                         f"{RESULT_FILE} and its checkpoint) or a --checkpoint-dir")
     candidates = [folder, folder / CHECKPOINT_SUBDIR]
     result = folder / RESULT_FILE
@@ -64,10 +71,10 @@ def find_checkpoint(folder: str | Path) -> Path:
             return candidate
     if result.exists():
         why = ("its run had no --checkpoint-dir, so no weights were saved" if not recorded else
-               f"its checkpoint {recorded!r} is gone")
-        raise LoadError(f"{str(result)!r} has no checkpoint to load ({why}); train it again with "
+               f"its checkpoint {shown(recorded)!r} is gone")
+        raise LoadError(f"{shown(result)!r} has no checkpoint to load ({why}); train it again with "
                         "--checkpoint-dir, or load that run's checkpoint folder")
-    raise LoadError(f"{str(folder)!r} holds no jaxpar result ({RESULT_FILE}) and no checkpoint; give "
+    raise LoadError(f"{shown(folder)!r} holds no jaxpar result ({RESULT_FILE}) and no checkpoint; give "
                     "a folder written by `python -m experiments train --out ... --checkpoint-dir ...`")
 
 
@@ -125,7 +132,7 @@ def load(folder: str | Path, dataset: str | None = None) -> Classifier:
         flat, meta = ckptlib.load(str(directory))
     except ckptlib.CheckpointError as e:
         raise LoadError(str(e)) from None
-    where = f"checkpoint {str(directory)!r}"
+    where = f"checkpoint {shown(directory)!r}"
     if meta.get("format") != ckptlib.FORMAT:
         raise LoadError(f"{where} is not a jaxpar checkpoint ({ckptlib.FORMAT}); load one written "
                         "by `python -m experiments train --checkpoint-dir`")
@@ -143,10 +150,27 @@ def load(folder: str | Path, dataset: str | None = None) -> Classifier:
     _check_shapes(where, ckptlib.flatten(target), flat, config)
     state = ckptlib.unflatten(target, flat)
     folder = Path(folder)
-    run = folder.parent if folder.name == CHECKPOINT_SUBDIR else folder  # the run's own name
-    name = f"{run.name} ({config.model.model}, {config.parallel.strategy}, step {meta['step']})"
-    return Classifier(name=name, folder=str(folder), config=config, step=int(meta["step"]),
-                      graphdef=graphdef, params=state["params"], model_state=state["model_state"])
+    run = folder.parent if folder.name == CHECKPOINT_SUBDIR else folder
+    return Classifier(name=model_name(run, config, int(meta["step"]), meta), folder=shown(folder),
+                      config=config, step=int(meta["step"]), graphdef=graphdef,
+                      params=state["params"], model_state=state["model_state"])
+
+
+def model_name(run: Path, config: TrainConfig, step: int, meta: dict) -> str:
+    """How the page labels a model: its strategy, model, step and accuracy (the run's test
+    accuracy from its result.json, else the checkpoint's last validation), after the run's
+    folder name where that is not just the strategy (the demo's runs are named by it)."""
+    strategy, label = config.parallel.strategy, f"{config.parallel.strategy} {config.model.model}"
+    parts = [label, f"step {step}"]
+    result = run / RESULT_FILE
+    test = load_result(result).metrics.get("test_accuracy") if result.exists() else None
+    history = meta.get("history") or []
+    if test is not None:
+        parts.append(f"{test:.2%} test")
+    elif history and history[-1].get("val_accuracy") is not None:
+        parts.append(f"{history[-1]['val_accuracy']:.2%} validation")
+    name = ", ".join(parts)
+    return name if run.name == strategy else f"{run.name}: {name}"
 
 
 def _check_shapes(where: str, want: dict[str, np.ndarray], have: dict[str, np.ndarray],

@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,10 +174,17 @@ class LiveRuns:
         self.runs: list[Run] = []
         self.group: Path | None = None  # the folder of the group's runs
         self.started = 0.0  # wall time the group started: every curve's zero
+        # Start, stop and resume one at a time (the page runs their events concurrently): a
+        # resume of the old group while a start stops it would leave processes no one tracks.
+        self._lock = threading.RLock()
         atexit.register(self.kill)
 
     def start(self, spec: RunSpec) -> Path:
         """Stop the previous group and start one process per strategy of `spec`."""
+        with self._lock:
+            return self._start(spec)
+
+    def _start(self, spec: RunSpec) -> Path:
         self.stop(wait=True)
         group = self.root / time.strftime("%Y%m%d-%H%M%S")
         while group.exists():  # two groups in one second
@@ -189,6 +197,10 @@ class LiveRuns:
 
     def stop(self, wait: bool = False) -> None:
         """SIGTERM every running process (each saves a checkpoint and exits)."""
+        with self._lock:
+            self._stop(wait)
+
+    def _stop(self, wait: bool) -> None:
         for run in self.runs:
             run.stop()
         if wait:
@@ -202,10 +214,11 @@ class LiveRuns:
 
     def resume(self) -> int:
         """Relaunch the stopped runs with --resume; how many were relaunched."""
-        stopped = [r for r in self.runs if not r.running() and r.poll().state == "stopped"]
-        for run in stopped:
-            run.launch(resume=True)
-        return len(stopped)
+        with self._lock:
+            stopped = [r for r in self.runs if not r.running() and r.poll().state == "stopped"]
+            for run in stopped:
+                run.launch(resume=True)
+            return len(stopped)
 
     def poll(self) -> list[Status]:
         return [run.poll() for run in self.runs]

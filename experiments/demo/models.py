@@ -7,11 +7,13 @@ it: the state behind the classify panel (one presenter, so one state for every b
 from __future__ import annotations
 
 import dataclasses
+import threading
 from pathlib import Path
 
 import numpy as np
 
 from experiments.demo import classify
+from experiments.demo.safety import inside
 from jaxpar import data as datalib
 # At import, so in the main thread before the page serves: TFDS's lazy-import hook is
 # process-wide while TFDS imports, and breaks imports made meanwhile in Gradio's workers.
@@ -29,45 +31,79 @@ SEED = 0  # which test images are shown first; "new test images" moves on from i
 
 
 class Models:
-    """Loaded classifiers of one dataset and what the page shows of them."""
+    """Loaded classifiers of one dataset and what the page shows of them.
 
-    def __init__(self, dataset: str):
+    Args:
+      roots: the folders the page may load from (None: any folder; the operator's choice).
+    """
+
+    def __init__(self, dataset: str, roots: list[Path] | None = None):
         self.dataset = dataset
+        self.roots = roots
+        self.version = 0  # counts loads and unloads: a page shows the models of a version
+        self._lock = threading.Lock()  # the train panel's tick loads finished runs meanwhile
         self.loaded: list[classify.Classifier] = []
         self.names = classify.class_names(dataset)
         self._test: tuple[np.ndarray, np.ndarray] | None = None
         self._probabilities: dict[str, np.ndarray] = {}  # model name -> [N, 10] on the test split
         self.shown = SEED
 
-    def load(self, folder: str | Path) -> str:
-        """Load the model in `folder`; the line the page shows. Raises UserError (the message)."""
+    def load(self, folder: str | Path, trusted: bool = False) -> str:
+        """Load the model in `folder`; the line the page shows. Raises UserError (the message).
+
+        Args:
+          trusted: the operator named it (--load): `roots` do not apply.
+        """
         if not str(folder).strip():
             raise classify.LoadError("give a folder: a result folder or a checkpoint")
-        model = classify.load(str(folder).strip(), self.dataset)
+        folder = str(folder).strip()
+        if not trusted:
+            self._check_inside(folder)
+        model = classify.load(folder, self.dataset)
         same = Path(model.folder).resolve()
-        self.loaded = [m for m in self.loaded if Path(m.folder).resolve() != same]  # a reload
-        if any(m.name == model.name for m in self.loaded):  # two runs of one name: say where
-            model = dataclasses.replace(model, name=f"{Path(model.folder).parent.name}/{model.name}")
-        self.loaded.append(model)
-        self._probabilities.pop(model.name, None)
+        with self._lock:
+            self.loaded = [m for m in self.loaded if Path(m.folder).resolve() != same]  # a reload
+            if any(m.name == model.name for m in self.loaded):  # two runs of one name: say where
+                model = dataclasses.replace(model, name=f"{Path(model.folder).parent.name}/{model.name}")
+            self.loaded.append(model)
+            self._probabilities.pop(model.name, None)
+            self.version += 1
         return f"loaded {model.name} from {model.folder}"
 
+    def _check_inside(self, folder: str) -> None:
+        """LoadError unless `folder` and the checkpoint it names lie under `roots`: a page that
+        others reach must not read the machine's other folders."""
+        if self.roots is None:
+            return
+        where = ", ".join(classify.shown(r) for r in self.roots)
+        path = Path(folder)
+        if inside(path, self.roots) and path.is_dir():  # then the checkpoint it leads to
+            path = classify.find_checkpoint(path)
+        if not inside(path, self.roots):
+            raise classify.LoadError(f"{classify.shown(path)!r} is outside the folders this demo "
+                                     f"loads from ({where}); pick one of the list, or start the "
+                                     "demo with --load-anywhere to load any folder")
+
     def clear(self) -> None:
-        self.loaded, self._probabilities = [], {}
+        with self._lock:
+            self.loaded, self._probabilities = [], {}
+            self.version += 1
 
     def preload(self, folders: list[str | Path]) -> list[str]:
-        """Load each folder; a line per folder, errors included (the demo starts anyway)."""
+        """Load each folder the operator named; a line per folder, errors included (the demo
+        starts anyway)."""
         lines = []
         for folder in folders:
             try:
-                lines.append(self.load(folder))
+                lines.append(self.load(folder, trusted=True))
             except UserError as e:
-                lines.append(f"could not load {folder}: {e}")
+                lines.append(f"could not load {classify.shown(folder)}: {e}")
         return lines
 
     def bundled(self) -> list[Path]:
-        """The committed models trained on this dataset."""
-        return [p for p in candidates([BUNDLED]) if _dataset_of(p) == self.dataset]
+        """The committed models trained on this dataset, relative to the working folder
+        (as the page shows them)."""
+        return [Path(classify.shown(p)) for p in candidates([BUNDLED]) if _dataset_of(p) == self.dataset]
 
     # --- the test split --------------------------------------------------------------------
     def test_split(self) -> tuple[np.ndarray, np.ndarray]:
