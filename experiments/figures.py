@@ -22,7 +22,8 @@ from jaxpar.errors import ResultsError
 # (source in experiments.sources, the figures drawn from it: (PNG name, draw function))
 FIGURES = (
     ("pipeline", (("pipeline_bubble.png", plots_studies.pipeline_bubble),
-                  ("pipeline_schedule.png", plots_studies.pipeline_schedule))),
+                  ("pipeline_schedule.png", plots_studies.pipeline_schedule),
+                  ("pipeline_timeline.png", plots_studies.pipeline_timeline))),
     ("batch-size", (("batch_size.png", plots_studies.batch_size),)),
     ("hparam", (("hparam_speedup.png", plots_studies.hparam_speedup),)),
     ("strategies", (("strategies.png", plots.strategies_bars),)),

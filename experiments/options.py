@@ -73,3 +73,7 @@ class BenchOptions:
     warmup: int = warmup()
     matmul_peak: bool = option(True, "also measure a matmul peak to compare achieved FLOP/s with "
                                      "(seconds on a CPU; studies comparing strategies leave it off)")
+    timeline: bool = option(False, "stages as separate programs (layer-split; pipeline and gems "
+                                   "with --pipeline-impl mpmd): also record when each device ran "
+                                   "which micro-batch's forward and backward in one step, and the "
+                                   "measured idle fraction beside the schedule's bubble")

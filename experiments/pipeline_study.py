@@ -55,12 +55,18 @@ class PipelineConfig:
     iters: int = options.iters()
     warmup: int = options.warmup()
     timeout: int = options.timeout()
+    # The measured timelines: the seeds' CNN as the bounds are stated for it (2 devices, M=8).
+    timeline_model: str = options.train_option("model", "cnn")
+    timeline_stages: int = option(2, "stages (simulated devices) of the measured timelines (0: none)")
+    timeline_microbatches: int = option(8, "micro-batches M of the measured timelines")
+    timeline_batch_size: int = option(128, "global batch of the measured timelines")
 
 
 # S=2, M up to 4, a tiny stack-mlp; throughput measured at the largest M only.
 QUICK = dataclasses.replace(PipelineConfig(), stages=2, max_microbatches=4, width=32, depth=2,
                             batch_size=64, measured_microbatches=(4,), iters=3, warmup=1,
-                            timeout=120)
+                            timeout=120, timeline_model=MODEL, timeline_microbatches=4,
+                            timeline_batch_size=64)
 
 
 def plan(config: PipelineConfig) -> tuple[list[int], list[int]]:
@@ -121,6 +127,23 @@ def point(config: PipelineConfig, schedule: str, m: int) -> Point:
     return Point(f"points/{schedule}-M{m}", train, bench)
 
 
+def timeline_point(config: PipelineConfig, schedule: str) -> Point:
+    """One stamped step of `schedule` with one program per stage (`bench --timeline`)."""
+    S, m = config.timeline_stages, config.timeline_microbatches
+    by_schedule = {"strategy": GEMS} if schedule == GEMS else {"strategy": "pipeline", "schedule": schedule}
+    small = {"width": config.width, "depth": config.depth} if config.timeline_model == MODEL else {}
+    train = with_options(TrainConfig(), dataset="synthetic", model=config.timeline_model, devices=S,
+                         mesh=format_mesh({STAGE: S}), microbatches=m, pipeline_impl="mpmd",
+                         batch_size=config.timeline_batch_size, **small, **by_schedule)
+    bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False, timeline=True)
+    return Point(f"timelines/{schedule}-S{S}-M{m}", train, bench)
+
+
+def timeline_of(result: results.RunResult, folder: str) -> dict:
+    return {**result.metrics["timeline"], "step_ms": result.metrics["step_time_ms_median"],
+            "model": result.config["model"]["model"], "point": folder}
+
+
 def measurement(result: results.RunResult, folder: str) -> dict:
     """Throughput and memory of one (schedule, M) from its bench result."""
     pm = result.metrics
@@ -135,7 +158,11 @@ def run(config: PipelineConfig) -> list[Path]:
     counts, measured = plan(config)
     planned = {(s, m): point(config, s, m) for s in schedules.TABLES
                for m in counts_for(s, config.stages, measured)}
-    outcomes = dict(zip(planned, points.run(list(planned.values()), config.out, config.timeout)))
+    timed = {s: timeline_point(config, s) for s in schedules.TABLES
+             if config.timeline_stages and counts_for(s, config.timeline_stages, [config.timeline_microbatches])}
+    outcomes = dict(zip([*planned, *timed], points.run([*planned.values(), *timed.values()],
+                                                       config.out, config.timeout)))
+    timelines = {s: timeline_of(outcomes[s], timed[s].folder) for s in timed}
     rows, tables = schedule_rows(config.stages, counts)
     point_env = None
     for r in rows:
@@ -152,7 +179,7 @@ def run(config: PipelineConfig) -> list[Path]:
               "microbatch_counts": counts, "measured_microbatch_counts": measured}
     result = results.RunResult(kind="pipeline", config=record, env=results.environment(),
                                metrics={"stages": config.stages, "rows": rows, "tables": tables,
-                                        "point_env": point_env})
+                                        "point_env": point_env, "timelines": timelines})
     path = results.write_atomic(Path(config.out) / "pipeline.json", result.to_json() + "\n")
     print(f"wrote {path}")
     return [path]

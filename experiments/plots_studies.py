@@ -120,6 +120,41 @@ def pipeline_schedule(result: dict, out: Path) -> Path:
     return save(fig, out / "pipeline_schedule.png")
 
 
+KIND_COLORS = {"F": "#8ecae6", "B": "#ffb703", "F+B": "#90be6d"}
+
+
+def pipeline_timeline(result: dict, out: Path) -> Path:
+    """The measured timelines beside the tables: devices as rows, one box per stage program
+    from when the device began it to when it finished (stamped on the device), labelled with
+    its micro-batch; the measured idle fraction beside the schedule's bubble."""
+    timelines = result["metrics"]["timelines"]
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(12, 1.6 + 1.3 * len(timelines)), squeeze=False)
+    for ax, (name, tl) in zip(axes[:, 0], timelines.items()):
+        work = [e for e in tl["events"] if e["kind"] in KIND_COLORS]
+        begin = min(e["start_ms"] for e in work)
+        devices = sorted({e["device"] for e in work})
+        for e in work:
+            width = e["end_ms"] - e["start_ms"]
+            ax.add_patch(plt.Rectangle((e["start_ms"] - begin, e["device"] + 0.1), width, 0.8, ec="k", lw=0.5,
+                                       fc=KIND_COLORS[e["kind"]], hatch="//" if e["replica"] else None))
+            ax.text(e["start_ms"] - begin + width / 2, e["device"] + 0.5, str(e["microbatch"]),
+                    ha="center", va="center", fontsize=6)
+        span = max(e["end_ms"] for e in work) - begin
+        ax.set_xlim(0, span * 1.01)
+        ax.set_ylim(len(devices), 0)
+        ax.set_yticks([d + 0.5 for d in devices], [f"device {d}" for d in devices])
+        ax.set_title(f"{name}, {tl['model']}, {len(devices)} devices: measured idle {tl['idle_fraction']:.0%} "
+                     f"of devices x span; schedule's bubble {tl['bubble_fraction']:.0%} (theory "
+                     f"{tl['bubble_theory']:.0%}); the timed step {tl['step_ms']:.1f} ms", fontsize=9)
+    handles = [plt.Rectangle((0, 0), 1, 1, fc=c, ec="k") for c in KIND_COLORS.values()]
+    labels = ["forward", "backward", "last stage: forward, loss and backward"]
+    axes[-1, 0].set_xlabel("ms from the step's first stage program (one stamped step; "
+                           "numbers: micro-batch; hatched: GEMS replica 1)")
+    fig.tight_layout()
+    legend_below(fig, handles, labels)
+    return save(fig, out / "pipeline_timeline.png")
+
+
 def hparam_speedup(result: dict, out: Path) -> Path:
     """Left: training wall time of the search (compilation hatched on top), one trial after
     another vs vmapped trials, per (width, depth) group, with the speed-up. Right: every

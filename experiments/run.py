@@ -96,7 +96,8 @@ def _work(config: TrainConfig, bench: BenchOptions | None, console: Console | No
     """Train (bench None), or time the step and print its report."""
     if bench is None:
         return train(config, console=console)
-    result = benchmark(config, iters=bench.iters, warmup=bench.warmup, matmul_peak=bench.matmul_peak)
+    result = benchmark(config, iters=bench.iters, warmup=bench.warmup, matmul_peak=bench.matmul_peak,
+                       timeline=bench.timeline)
     if console is not None:
         console.print(report(result))
     return result

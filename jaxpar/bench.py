@@ -19,14 +19,16 @@ import numpy as np
 from jaxpar import data as datalib
 from jaxpar import measure
 from jaxpar.config import TrainConfig, to_dict
+from jaxpar.errors import ConfigError
 from jaxpar.optim import make_optimizer
+from jaxpar.parallel import host_timeline
 from jaxpar.results import RunResult, capture_provenance, environment
 from jaxpar.train import build_model, make_strategy
 from jaxpar.validate import validate
 
 
 def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
-              matmul_peak: bool = True) -> RunResult:
+              matmul_peak: bool = True, timeline: bool = False) -> RunResult:
     """Time `iters` steps of `config`'s strategy (each waited for) after `warmup` steps; with
     --steps-per-dispatch K, `iters` calls of K steps each, a step's time being a call's / K.
 
@@ -34,11 +36,17 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
       matmul_peak: also time a 2048^3 matmul on every device, the ceiling achieved FLOP/s is
         compared with (seconds on a CPU); False leaves `matmul_peak_gflops` and
         `percent_of_peak` None, for studies that compare strategies with one another.
+      timeline: also record one stamped step's per-device timeline (`metrics["timeline"]`),
+        for strategies whose stages are separate programs (`host_timeline`).
     """
     wall_start = time.perf_counter()
     capture_provenance(None)  # the revision this run starts from; no dataset is read
     validate(config)  # every option and combination (the CLI has checked them too)
     strategy = make_strategy(config)
+    if timeline and not hasattr(strategy, "timeline"):
+        raise ConfigError(f"--timeline needs stages run as separate programs: --strategy layer-split, "
+                          f"or pipeline / gems with --pipeline-impl mpmd (not {strategy.name} "
+                          f"as {getattr(strategy, 'implementation', 'one program')})")
     mesh = strategy.make_mesh(jax.devices())
     batch_size = config.data.batch_size
     datalib.check_batch_size(batch_size, batch_size, "benchmark")
@@ -65,6 +73,7 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
     times = [t / k for t in measure.time_calls(one_call, iters, warmup=warmup)]
     median_s = sorted(times)[len(times) // 2]
     peak = measure.matmul_peak(list(mesh.devices.flat))["gflops"] if matmul_peak else None
+    measured_timeline = _timeline(strategy, holder["state"], batch) if timeline else {}
     accounting = strategy.accounting(programs, holder["state"])
     achieved = programs.flops / median_s / 1e9
     metrics = {
@@ -81,10 +90,21 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
         "flops_loop_bodies_once": programs.has_loops,
         **accounting,
         "iters": iters,
+        **measured_timeline,
         "wall_s": time.perf_counter() - wall_start,
     }
     return RunResult(kind="bench", config=to_dict(config), env=environment(), metrics=metrics,
                      strategy=strategy.describe())
+
+
+def _timeline(strategy, state, batch) -> dict:
+    """One stamped step's events, its measured idle fraction and the schedule's bubble."""
+    events = strategy.timeline(state, batch)
+    describe = strategy.describe()
+    return {"timeline": {"events": events,
+                         "idle_fraction": host_timeline.idle_fraction(events, len(strategy.devices)),
+                         "bubble_fraction": describe.get("bubble_fraction", 0.0),
+                         "bubble_theory": describe.get("bubble_theory", 0.0)}}
 
 
 def report(result: RunResult) -> str:
@@ -107,4 +127,6 @@ def report(result: RunResult) -> str:
         f"  state/device     {m['state_bytes_per_device']:,} B (parameters + optimizer state)",
         f"  memory/device    args {m['memory_per_device']['argument_bytes']:,} B, temp "
         f"{m['memory_per_device']['temp_bytes']:,} B",
+        *([f"  timeline         measured idle {m['timeline']['idle_fraction']:.1%} of devices x span "
+           f"(schedule's bubble {m['timeline']['bubble_fraction']:.1%})"] if "timeline" in m else []),
     ])
