@@ -129,6 +129,7 @@ class HostPipeline(Strategy):
         self.shapes, self.state_shapes = layout.abstract(params), layout.abstract(model_state)
         self.table = schedules.schedule(self.schedule_name, S, self.M)
         self.stamps, self._stamped_jits = host_timeline.Stamps(), {}  # `timeline` only
+        self._shapes_elsewhere: dict = {}  # (program, device id) -> its outputs' shapes
         self._build_programs()
         return self.state_from_reference(steplib.init_state(params, model_state, tx))
 
@@ -262,20 +263,21 @@ class HostPipeline(Strategy):
 
     def _build_programs(self):
         S = self.S
+        donate = lambda *nums: {"donate_argnums": nums}  # noqa: E731  (accumulators: in place)
         for s in range(S - 1):
             self._register(f"fwd{s}", lambda p, z, x, s=s: self._forward(s, p, z, x, False)[0])
-            self._register(f"train_fwd{s}", lambda *a, s=s: self._train_forward(s, *a), donate_argnums=3)
+            self._register(f"train_fwd{s}", lambda *a, s=s: self._train_forward(s, *a), **donate(3))
             if self.remat:
-                self._register(f"bwd{s}", lambda *a, s=s: self._backward_remat(s, *a), donate_argnums=4)
+                self._register(f"bwd{s}", lambda *a, s=s: self._backward_remat(s, *a), **donate(4))
             else:
-                self._register(f"bwd{s}", lambda *a, s=s: self._backward(s, *a), donate_argnums=2)
-        self._register("last", self._last, donate_argnums=(6, 7, 8))
+                self._register(f"bwd{s}", lambda *a, s=s: self._backward(s, *a), **donate(2))
+        self._register("last", self._last, **donate(6, 7, 8))
         self._register("last_eval", lambda p, z, x, b: steplib.loss_from_logits(
             self._forward(S - 1, p, z, x, False)[0], b)[1])
         add = lambda a, b: jax.tree.map(jnp.add, a, b)  # noqa: E731
         for s in range(S):
             self._register(f"zeros{s}", lambda p, z, s=s: self._zeros(s, p, z))
-            self._register(f"update{s}", self._update, donate_argnums=(0, 1))
+            self._register(f"update{s}", self._update, **donate(0, 1))
             if self.replicas > 1:  # per stage: a device holds two stages' copies
                 self._register(f"add{s}", add)
         for r in range(self.replicas):
@@ -289,8 +291,19 @@ class HostPipeline(Strategy):
         super()._register(name, fn, transform, **kwargs)
 
     def _prog(self, name, kind, device):
-        """Program `name` as AOT-compiled for `kind` ('step', 'eval_step') on `device`, else jitted."""
+        """Program `name` as AOT-compiled for `kind` ('step', 'eval_step') on `device`, else
+        jitted; on another process's device, what it returns there (`_elsewhere`)."""
+        if not processes.owns(device):
+            return functools.partial(self._elsewhere, name, device)
         return self.compiled.get((kind, name, device.id)) or getattr(self, f"_jit_{name}")
+
+    def _elsewhere(self, name, device, *args):
+        """Handles of what program `name` returns on another process's `device`: that process
+        runs it, this one only passes the results on (to `processes.move`)."""
+        key = (name, device.id)
+        if key not in self._shapes_elsewhere:
+            self._shapes_elsewhere[key] = jax.eval_shape(self._fns[name], *args)
+        return jax.tree.map(lambda a: processes.handle(a.shape, a.dtype, device), self._shapes_elsewhere[key])
 
     def _stamped(self, name):
         """Program `name` stamping its start and end into `self.stamps` (`host_timeline`)."""
