@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from experiments import peers_report, plots, sources, speedup
+from experiments import cost_check, peers_report, plots, sources, speedup
 from experiments.rank_scaling import ranks_cell
 from jaxpar import results
 from jaxpar.config import TrainConfig, to_dict
@@ -295,6 +295,9 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "time-to-accuracy": time_to_accuracy,
     "hparam": hparam,
     "peers": peers,
+    "cost-summary": cost_check.summary_table,
+    "cost-points": cost_check.points_table,
+    "cost-assumptions": cost_check.assumptions_table,
     # One line per results folder (the two training runs share theirs).
     **{f"machine-{name.removesuffix('-cnn')}": functools.partial(machine_line, name)
        for name in sources.SOURCES if name != "train-mlp"},

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import SingleDeviceSharding
 
+from jaxpar import cost_strategies
 from jaxpar import measure
 from jaxpar import step as steplib
 from jaxpar.errors import ConfigError
@@ -67,6 +68,7 @@ def pick(structure, sources):
 
 class LayerSplit(Strategy):
     name = "layer-split"
+    cost_model = staticmethod(cost_strategies.layer_split)
     family = "model parallel"
     summary = ("the naive baseline: consecutive layers on consecutive devices, one batch at a "
                "time, separate programs per stage")

@@ -1,0 +1,170 @@
+"""The cost model checked against every committed measurement it covers: each bench or
+training result under figures/data/ predicted from the committed profile of this machine
+(figures/data/cost/profile.json), with its error; the tables `report` writes and the
+predicted-against-measured figure come from here.
+
+    rows = check_rows(Path("figures/data"))   # one per measured point, predicted and measured
+    summary(rows)                              # median and largest |error| per study
+
+Covered: one process's simulated CPU devices (every core) and mpi4jax ranks (one thread
+each). Not covered, and listed as such: points over jax.distributed (several processes on
+one global mesh: the profile has no measurement of its cross-process collectives).
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from pathlib import Path
+
+from experiments import predict as predictlib
+from experiments import sources
+from jaxpar import cost, results
+from jaxpar.errors import ConfigError, ResultsError
+from jaxpar.parallel import STRATEGIES
+from jaxpar.profiling import model_key
+
+# (study, the results files under the data folder). Peers: each jaxpar row's rounds.
+STUDIES = (
+    ("strategies", "strategies/points/*/result.json"),
+    ("strategies-cnn", "strategies_cnn/points/*/result.json"),
+    ("scaling", "scaling/*/*/result.json"),
+    ("scaling-ranks", "scaling/ranks/*/*/result.json"),
+    ("pipeline", "pipeline/points/*/result.json"),
+    ("time-to-accuracy", "time_to_accuracy/*/result.json"),
+    ("peers", "peers/points/*/jaxpar-*"),
+)
+PROFILE = "cost/profile.json"
+
+
+def _measured(study: str, path: Path) -> tuple[results.RunResult, float]:
+    """A point's result and its measured step (ms); a peers row: the median of its rounds."""
+    if study != "peers":
+        r = results.load(path)
+        return r, r.metrics["step_time_ms_median"]
+    rounds = [results.load(p) for p in sorted(path.glob("r*/result.json"))]
+    return rounds[0], statistics.median(r.metrics["step_time_ms_median"] for r in rounds)
+
+
+def predict_point(profile: dict, config: dict, env: dict) -> tuple[cost.Prediction | None, str]:
+    """The prediction for one measured point, or (None, why it is not covered)."""
+    p = config["parallel"]
+    cls = STRATEGIES[p["strategy"]]
+    if env.get("process_count", 1) > 1:
+        return None, "jax.distributed over processes: no profile of its collectives"
+    one_thread = env.get("threads_per_process") == 1 or p.get("single_thread", False)
+    compute = predictlib.compute_source(profile)
+    if cls.uses_mpi:
+        machine = cost.mpi_ranks(profile, compute)
+        devices = env.get("mpi_ranks", 1)
+    else:
+        machine = cost.simulated(profile, lambda key, _: compute(key, one_thread))
+        devices = p.get("devices") or env["device_count"]
+    key = model_key(config["model"])
+    c = machine.compute(key, one_thread)
+    axes, _ = predictlib.mesh_axes(cls.name, devices, p.get("mesh", ""), len(c.layers))
+    problem = predictlib.problem(key, cls.name, axes, config["data"]["batch_size"], c,
+                                 microbatches=p["microbatches"], schedule=p["schedule"],
+                                 sync_every=p.get("sync_every", 1))
+    work = cls.cost(problem)
+    return cost.predict(work, machine, config["data"]["batch_size"], predictlib.cost_devices(axes) or 1), ""
+
+
+def check_rows(data_dir: Path) -> list[dict]:
+    """Every covered committed point: study, name, model, strategy, devices or ranks, measured
+    and predicted ms/step, the prediction's parts, state bytes, and the error; points the
+    model does not cover carry `why` instead of a prediction. Computed once per data folder
+    and profile file (its tables and figure share it)."""
+    profile = Path(data_dir) / PROFILE
+    if not profile.is_file():
+        raise ResultsError(sources.missing(Path(data_dir), "cost"))
+    return _check_rows(str(Path(data_dir).resolve()), profile.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _check_rows(data_dir: str, _stamp: int) -> list[dict]:
+    data_dir = Path(data_dir)
+    profile = predictlib.load(str(data_dir / PROFILE))
+    rows = []
+    for study, pattern in STUDIES:
+        for path in sorted(Path(data_dir).glob(pattern)):
+            point = path if study == "peers" else path.parent
+            r, measured = _measured(study, path)
+            p = r.config["parallel"]
+            try:
+                pred, why = predict_point(profile, r.config, r.env)
+            except (ConfigError, NotImplementedError) as e:
+                pred, why = None, str(e)
+            processes = max(r.env.get("mpi_ranks", 1), r.env.get("process_count", 1))
+            row = {"study": study, "point": point.relative_to(data_dir).as_posix(),
+                   "model": model_key(r.config["model"]), "strategy": p["strategy"],
+                   "devices": processes if processes > 1 else (p.get("devices") or r.env["device_count"]),
+                   "ranks": processes > 1, "measured_ms": measured, "why": why,
+                   "state_measured": r.metrics.get("state_bytes_per_device")}
+            if pred is not None:
+                row.update(predicted_ms=1000 * pred.total_s, compute_ms=1000 * pred.compute_s,
+                           comm_ms=1000 * pred.comm_s, bubble_ms=1000 * pred.bubble_s,
+                           state_predicted=pred.state_bytes,
+                           error=1000 * pred.total_s / measured - 1)
+            rows.append(row)
+    return rows  # callers must not change it (cached)
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """Per study (and 'all'): points covered and not, median and largest |error|, and the
+    points beyond 25%."""
+    out = []
+    for study in [s for s, _ in STUDIES] + ["all"]:
+        here = [r for r in rows if study in ("all", r["study"])]
+        errors = [abs(r["error"]) for r in here if "error" in r]
+        out.append({"study": study, "points": len(here), "covered": len(errors),
+                    "median": statistics.median(errors) if errors else None,
+                    "max": max(errors) if errors else None,
+                    "beyond_25": sum(e > 0.25 for e in errors)})
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.0f}%"
+
+
+def summary_table(data_dir: Path) -> str:
+    """Median and largest |error| of the predicted step, per study and over all."""
+    from experiments.tables import markdown
+
+    return markdown(["study", "points", "covered", "median abs. error", "largest abs. error", "beyond 25%"],
+                    [[s["study"], s["points"], s["covered"], _pct(s["median"]), _pct(s["max"]), s["beyond_25"]]
+                     for s in summary(check_rows(data_dir))])
+
+
+def points_table(data_dir: Path) -> str:
+    """Every committed point: measured and predicted ms/step, the prediction's parts, the
+    error, predicted and measured state bytes per device; or why it is not covered."""
+    from experiments.tables import markdown
+
+    out = []
+    for r in check_rows(data_dir):
+        where = f"{r['devices']} {'ranks' if r['ranks'] else 'dev'}"
+        if "error" not in r:
+            out.append([r["point"], r["model"], r["strategy"], where, f"{r['measured_ms']:.1f}",
+                        "not covered: " + r["why"], "", "", ""])
+            continue
+        state = (f"{r['state_predicted'] / 1e6:.2f} / {r['state_measured'] / 1e6:.2f}"
+                 if r.get("state_measured") else "–")
+        out.append([r["point"], r["model"], r["strategy"], where, f"{r['measured_ms']:.1f}",
+                    f"{r['predicted_ms']:.1f}",
+                    f"{r['compute_ms']:.1f} + {r['comm_ms']:.1f} + {r['bubble_ms']:.1f}",
+                    f"{100 * r['error']:+.0f}%", state])
+    return markdown(["point", "model", "strategy", "devices", "measured ms", "predicted ms",
+                     "compute + comm + bubble ms", "error", "state MB/device predicted / measured"], out)
+
+
+def assumptions_table(_: Path) -> str:
+    """The assumed hardware the extrapolation uses (jaxpar.cost.DEVICES and LINKS), with sources."""
+    from experiments.tables import markdown
+
+    rows = [[f"device `{d.name}`", f"{d.peak_gflops / 1e3:g} TFLOP/s f32, {d.memory_bytes / 1e9:g} GB at "
+             f"{d.memory_bytes_per_s / 1e12:g} TB/s", d.source] for d in cost.DEVICES.values()]
+    rows += [[f"link `{k.name}`", f"{k.bytes_per_s / 1e9:g} GB/s, {1e6 * k.latency_s:g} us per message", k.source]
+             for k in cost.LINKS.values()]
+    return markdown(["assumed", "value", "source"], rows)
