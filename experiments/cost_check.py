@@ -100,27 +100,68 @@ def _check_rows(data_dir: str, _stamp: int) -> list[dict]:
                    "model": model_key(r.config["model"]), "strategy": p["strategy"],
                    "devices": processes if processes > 1 else (p.get("devices") or r.env["device_count"]),
                    "ranks": processes > 1, "measured_ms": measured, "why": why,
+                   "one_thread": r.env.get("threads_per_process") == 1 or STRATEGIES[p["strategy"]].uses_mpi,
+                   "steps_per_dispatch": p.get("steps_per_dispatch", 1),
                    "state_measured": r.metrics.get("state_bytes_per_device")}
             if pred is not None:
                 row.update(predicted_ms=1000 * pred.total_s, compute_ms=1000 * pred.compute_s,
                            comm_ms=1000 * pred.comm_s, bubble_ms=1000 * pred.bubble_s,
                            state_predicted=pred.state_bytes,
-                           error=1000 * pred.total_s / measured - 1)
+                           error_profile=1000 * pred.total_s / measured - 1)
             rows.append(row)
+    anchor(rows)
     return rows  # callers must not change it (cached)
 
 
+def _group(row: dict) -> tuple[str, str, bool]:
+    """The points measured together: a study (a scaling mode), a model, and whether they ran
+    on one thread per process (ranks) or on every core (the day's slowdown differs)."""
+    parts = row["point"].split("/")
+    mode = parts[2] if row["study"] == "scaling-ranks" else parts[1] if row["study"] == "scaling" else ""
+    return f"{row['study']}{'/' + mode if mode else ''}", row["model"], row["one_thread"]
+
+
+def anchor(rows: list[dict]) -> None:
+    """Scale each point's prediction by its group's `single` point (measured / predicted): one
+    number per study and model that takes out how fast the machine ran that day against the
+    day of the profile (the same code measured 2.4x apart on this machine). Adds `scale`,
+    `anchored_ms` and `error` (anchored / measured - 1) to every predicted row and marks the
+    anchors (`anchor`: their error is 0 by construction). A group without a `single` point
+    (the pipeline study; ranks beside a study's every-core `single`) takes the median scale
+    of the same model and threads elsewhere, else of every model on those threads."""
+    anchors = [r for r in rows if r["strategy"] == "single" and r["steps_per_dispatch"] == 1
+               and "predicted_ms" in r]
+    scales = {_group(r): r["measured_ms"] / r["predicted_ms"] for r in anchors}
+    by_model: dict = {}
+    for (_, model, threads), scale in scales.items():
+        by_model.setdefault((model, threads), []).append(scale)
+        by_model.setdefault(threads, []).append(scale)
+    for r in rows:
+        if "predicted_ms" not in r:
+            continue
+        fallback = by_model.get((r["model"], r["one_thread"])) or by_model.get(r["one_thread"], [1.0])
+        scale = scales.get(_group(r)) or statistics.median(fallback)
+        r.update(scale=scale, anchored_ms=r["predicted_ms"] * scale,
+                 error=r["predicted_ms"] * scale / r["measured_ms"] - 1,
+                 anchor=any(r is a for a in anchors))
+
+
 def summary(rows: list[dict]) -> list[dict]:
-    """Per study (and 'all'): points covered and not, median and largest |error|, and the
-    points beyond 25%."""
+    """Per study (and 'all'): points, points predicted, anchors; median and largest |error|
+    of the anchored prediction (anchors left out), the points beyond 25%; the median |error|
+    of the profile alone and the median scale (the study's speed over the profile's)."""
     out = []
     for study in [s for s, _ in STUDIES] + ["all"]:
         here = [r for r in rows if study in ("all", r["study"])]
-        errors = [abs(r["error"]) for r in here if "error" in r]
-        out.append({"study": study, "points": len(here), "covered": len(errors),
-                    "median": statistics.median(errors) if errors else None,
-                    "max": max(errors) if errors else None,
-                    "beyond_25": sum(e > 0.25 for e in errors)})
+        covered = [r for r in here if "error" in r]
+        errors = [abs(r["error"]) for r in covered if not r["anchor"]]
+        median = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+        out.append({"study": study, "points": len(here), "covered": len(covered),
+                    "anchors": sum(r["anchor"] for r in covered),
+                    "median": median(errors), "max": max(errors) if errors else None,
+                    "beyond_25": sum(e > 0.25 for e in errors),
+                    "median_profile": median([abs(r["error_profile"]) for r in covered]),
+                    "scale": median([r["scale"] for r in covered])})
     return out
 
 
@@ -132,8 +173,11 @@ def summary_table(data_dir: Path) -> str:
     """Median and largest |error| of the predicted step, per study and over all."""
     from experiments.tables import markdown
 
-    return markdown(["study", "points", "covered", "median abs. error", "largest abs. error", "beyond 25%"],
-                    [[s["study"], s["points"], s["covered"], _pct(s["median"]), _pct(s["max"]), s["beyond_25"]]
+    return markdown(["study", "points", "predicted (anchors)", "median abs. error", "largest abs. error",
+                     "beyond 25%", "profile alone: median abs. error", "study's speed / profile's"],
+                    [[s["study"], s["points"], f"{s['covered']} ({s['anchors']})", _pct(s["median"]),
+                      _pct(s["max"]), s["beyond_25"], _pct(s["median_profile"]),
+                      "–" if s["scale"] is None else f"{s['scale']:.2f}"]
                      for s in summary(check_rows(data_dir))])
 
 
@@ -147,16 +191,18 @@ def points_table(data_dir: Path) -> str:
         where = f"{r['devices']} {'ranks' if r['ranks'] else 'dev'}"
         if "error" not in r:
             out.append([r["point"], r["model"], r["strategy"], where, f"{r['measured_ms']:.1f}",
-                        "not covered: " + r["why"], "", "", ""])
+                        "not covered: " + r["why"], "", "", "", "", ""])
             continue
         state = (f"{r['state_predicted'] / 1e6:.2f} / {r['state_measured'] / 1e6:.2f}"
                  if r.get("state_measured") else "–")
         out.append([r["point"], r["model"], r["strategy"], where, f"{r['measured_ms']:.1f}",
                     f"{r['predicted_ms']:.1f}",
                     f"{r['compute_ms']:.1f} + {r['comm_ms']:.1f} + {r['bubble_ms']:.1f}",
-                    f"{100 * r['error']:+.0f}%", state])
-    return markdown(["point", "model", "strategy", "devices", "measured ms", "predicted ms",
-                     "compute + comm + bubble ms", "error", "state MB/device predicted / measured"], out)
+                    f"{r['anchored_ms']:.1f}", "anchor" if r["anchor"] else f"{100 * r['error']:+.0f}%",
+                    f"{100 * r['error_profile']:+.0f}%", state])
+    return markdown(["point", "model", "strategy", "devices", "measured ms", "predicted ms (profile)",
+                     "compute + comm + bubble ms", "anchored ms", "error (anchored)", "error (profile alone)",
+                     "state MB/device predicted / measured"], out)
 
 
 def assumptions_table(_: Path) -> str:

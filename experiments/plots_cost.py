@@ -29,25 +29,26 @@ SCALED = ("dp-shard-map", "fsdp", "tensor", "pipeline")
 TENSOR_WITHIN = 8                # tensor parallelism inside one 8-device node, data across
 
 
-def _data_dir(profile: dict) -> Path:
+def _data_dir(loaded: dict) -> Path:
     """The data folder: the profile's file is DATA/cost/profile.json."""
-    return Path(profile["files"][0]).parent.parent
+    return Path(loaded["files"][0]).parent.parent
 
 
-def predicted_vs_measured(profile: dict, out: Path) -> Path:
-    rows = [r for r in cost_check.check_rows(_data_dir(profile)) if "error" in r]
+def predicted_vs_measured(loaded: dict, out: Path) -> Path:
+    """Every covered point's anchored prediction against its measurement (anchors left out)."""
+    rows = [r for r in cost_check.check_rows(_data_dir(loaded)) if "error" in r and not r["anchor"]]
     studies = list(dict.fromkeys(r["study"] for r in rows))
     fig, ax = plt.subplots(figsize=(6.4, 5.6))
-    lo = min(min(r["measured_ms"], r["predicted_ms"]) for r in rows) / 1.5
-    hi = max(max(r["measured_ms"], r["predicted_ms"]) for r in rows) * 1.5
+    lo = min(min(r["measured_ms"], r["anchored_ms"]) for r in rows) / 1.5
+    hi = max(max(r["measured_ms"], r["anchored_ms"]) for r in rows) * 1.5
     ax.fill_between([lo, hi], [lo / 1.25, hi / 1.25], [lo * 1.25, hi * 1.25], color="#e9f5e9", label="within 25%")
     ax.plot([lo, hi], [lo, hi], color="k", lw=0.8, label="predicted = measured")
     for i, study in enumerate(studies):
         here = [r for r in rows if r["study"] == study]
-        ax.scatter([r["measured_ms"] for r in here], [r["predicted_ms"] for r in here], s=18,
+        ax.scatter([r["measured_ms"] for r in here], [r["anchored_ms"] for r in here], s=18,
                    color=f"C{i}", label=study, alpha=0.8)
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured ms/step",
-           ylabel="predicted ms/step (from the profile)")
+           ylabel="predicted ms/step (anchored to the study's single)")
     plain_log_axis(ax.xaxis), plain_log_axis(ax.yaxis)
     ax.set_title("Cost model: every covered committed point", fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
@@ -86,20 +87,24 @@ def scaling_series(profile: dict, key: str, device: str, link: str, counts) -> d
     return series
 
 
-def _measured_weak(data_dir: Path, model: str) -> dict:
-    """This machine's weak-scaling device points of `model`: {strategy: [(devices, images/s)]}."""
+def _measured_weak(data_dir: Path, model: str) -> tuple[dict, float]:
+    """This machine's weak-scaling device points of `model`: {strategy: [(devices, images/s)]},
+    and their group's anchor scale (measured / predicted `single`)."""
     found: dict = {}
+    scale = 1.0
     for r in cost_check.check_rows(data_dir):
         if r["study"] == "scaling" and r["point"].startswith("scaling/weak/") and r["model"] == model:
             batch = PER_DEVICE_BATCH * r["devices"]
             found.setdefault(r["strategy"], []).append((r["devices"], 1000 * batch / r["measured_ms"]))
-    return found
+            scale = r.get("scale", scale)
+    return found, scale
 
 
-def scaling_extrapolated(profile: dict, out: Path) -> Path:
+def scaling_extrapolated(loaded: dict, out: Path) -> Path:
     fig, axes = plt.subplots(2, 2, figsize=(11, 8.2))
     style = strategy_style(["single", *SCALED])
-    measured = _measured_weak(_data_dir(profile), CNN)
+    measured, scale = _measured_weak(_data_dir(loaded), CNN)
+    profile = predictlib.load(str(loaded["files"][0]))
     for row, key in enumerate((CNN, WIDE)):
         series = scaling_series(profile, key, DEVICE, LINK, COUNTS)
         base = series["single"][0][1]
@@ -113,12 +118,12 @@ def scaling_extrapolated(profile: dict, out: Path) -> Path:
                         label=f"{name} ({DEVICE}, {LINK})")
                 ax.scatter([n for n, _, f in points if not f], [value(n, ips) for n, ips, f in points if not f],
                            facecolors="none", edgecolors=st["color"], s=30)
-                if name in local:
+                if name in local:  # anchored like the check: ms x scale, so images/s / scale
                     lb = local["single"][0][1]
-                    lv = [ips if col == 0 else ips / (n * lb) for n, ips, _ in local[name]]
+                    lv = [ips / scale if col == 0 else ips / (n * lb) for n, ips, _ in local[name]]
                     ax.plot([n for n, _, _ in local[name]], lv, color=st["color"], ls=":", lw=1.2,
-                            label=f"{name} (this CPU, predicted)")
-                if name in measured:
+                            label=f"{name} (this CPU, predicted, anchored)")
+                if name in measured and key == CNN:
                     lb = measured.get("single", [(1, 1.0)])[0][1]
                     pts = sorted(measured[name])
                     ax.scatter([n for n, _ in pts], [ips if col == 0 else ips / (n * lb) for n, ips in pts],
@@ -127,7 +132,7 @@ def scaling_extrapolated(profile: dict, out: Path) -> Path:
         axes[row][1].set(ylabel=f"{key}: scaling efficiency", ylim=(0, 1.3))
         for ax in axes[row]:
             ax.set(xscale="log", xlabel="devices")
-            plain_log_axis(ax.xaxis, base=2, between=False)
+            ax.set_xticks(COUNTS, [f"{n:,}" for n in COUNTS], fontsize=8)
             ax.grid(alpha=0.3)
     axes[0][0].set_title(f"weak scaling, {PER_DEVICE_BATCH} images per device", fontsize=10)
     axes[1][0].set_title(f"{WIDE}: hollow = does not fit one {DEVICE}'s memory", fontsize=10)

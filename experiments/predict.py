@@ -62,15 +62,18 @@ def _compute_source(profile: dict, device: str):
 
     @functools.lru_cache(maxsize=64)
     def compute(key: str, one_thread: bool = False) -> cost.Compute:
+        leaves = profiling.param_leaf_bytes(model_config(key))
         if device == "cpu" and key in models:
-            return cost.profiled_compute(models[key], key, one_thread)
+            return cost.profiled_compute(models[key], key, one_thread, leaves)
         layers = profiling.abstract_layers(model_config(key))
         if device == "cpu":
-            return cost.flops_compute(key, layers, kinds, cpu_bandwidth, "FLOPs at this CPU's achieved rates")
+            return cost.flops_compute(key, layers, kinds, cpu_bandwidth, "FLOPs at this CPU's achieved rates",
+                                      leaves)
         d = cost.DEVICES[device]
         rates = {k: r / peak * d.peak_gflops for k, r in kinds.items()}
         return cost.flops_compute(key, layers, rates, d.memory_bytes_per_s,
-                                  f"FLOPs at {d.name}'s peak x this CPU's achieved fraction per layer kind")
+                                  f"FLOPs at {d.name}'s peak x this CPU's achieved fraction per layer kind", leaves,
+                                  d.layer_overhead_s)
 
     return compute
 

@@ -19,8 +19,8 @@ How a machine turns a strategy's work into time:
   than the sum (an idle stage leaves its cores to the others);
 - MPI ranks run one pinned thread each: their one-thread work adds up over min(ranks, cores).
 Communication is not overlapped with compute (XLA:CPU runs both on the same threads; on a
-cluster this is the upper bound) and is priced per collective from the profile's fits
-(latency + bytes / bandwidth) or, on a link, by the ring and tree formulas below.
+cluster this is the upper bound) and is priced per collective from the profile's measured
+message sizes or, on a link, by the formulas of `link_seconds`.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ class Device:
     memory_bytes: float
     memory_bytes_per_s: float
     source: str
+    layer_overhead_s: float = 0.0   # per layer and step: kernel launches a small batch cannot hide
 
 
 # Assumed hardware (docs/studies.md names these as assumptions, with their sources).
@@ -63,7 +64,9 @@ LINKS = {
 }
 DEVICES = {
     "h100": Device("h100", 67e3, 80e9, 3.35e12,
-                   "NVIDIA H100 SXM datasheet: 67 TFLOP/s FP32 (no tensor cores), 80 GB HBM3 at 3.35 TB/s"),
+                   "NVIDIA H100 SXM datasheet: 67 TFLOP/s FP32 (no tensor cores), 80 GB HBM3 at 3.35 TB/s; "
+                   "30 us per layer and step: ~6 kernels (forward, two gradients, their element-wise "
+                   "parts) at ~5 us of CUDA launch latency each (assumed)", layer_overhead_s=30e-6),
 }
 
 
@@ -156,6 +159,7 @@ class Compute:
     layers: tuple[Layer, ...]
     temp_bytes: Callable[[float], float]
     source: str                     # "measured" or how it was derived
+    leaf_bytes: tuple[int, ...] = ()  # each parameter array's bytes (collectives pay each's latency)
 
     @property
     def param_bytes(self) -> float:
@@ -182,7 +186,7 @@ class Compute:
         return self.backprop_s(batch) * sum(shares[i] for i in layers) + self.update_s * params
 
 
-def profiled_compute(entry: dict, key: str, one_thread: bool = False) -> Compute:
+def profiled_compute(entry: dict, key: str, one_thread: bool = False, leaf_bytes=()) -> Compute:
     """A model's `Compute` from a profile entry (`jaxpar.profiling`); `one_thread`: the
     one-thread step times (an MPI rank's)."""
     steps = entry["steps_one_thread"] if one_thread and "steps_one_thread" in entry else entry["steps"]
@@ -199,23 +203,26 @@ def profiled_compute(entry: dict, key: str, one_thread: bool = False) -> Compute
                             layer["out_bytes_per_example"], lambda b, xs=xs, ys=ys: _interp(xs, ys, b)))
     return Compute(key, lambda b: _interp(batches, ms, b) / 1000, entry["update_ms"] * scale / 1000,
                    tuple(layers), lambda b: _interp(entry["steps"]["batch"], entry["steps"]["temp_bytes"], b),
-                   "measured" + (" (one thread)" if one_thread else ""))
+                   "measured" + (" (one thread)" if one_thread else ""), tuple(leaf_bytes))
 
 
 def flops_compute(key: str, layers: list[dict], rates_gflops: dict, memory_bytes_per_s: float,
-                  source: str) -> Compute:
+                  source: str, leaf_bytes=(), layer_overhead_s: float = 0.0) -> Compute:
     """A model's `Compute` from its layers' FLOPs at an achieved rate per layer kind (for
-    models or devices without a measured profile): a layer takes FLOPs / rate, the update
-    reads and writes every parameter, gradient and Adam moment (7 passes) at the memory's
-    bandwidth, and the step is their sum."""
+    models or devices without a measured profile): a layer takes FLOPs / rate (+ a fixed
+    overhead per layer), the update reads and writes every parameter, gradient and Adam moment
+    (7 passes) at the memory's bandwidth, and the step is their sum."""
+    def seconds(b, f, k):
+        return f * b / (rates_gflops[k] * 1e9) + layer_overhead_s
+
     built = tuple(Layer(l["name"], l["kind"], l["flops_per_example"], l["param_bytes"],
                         l["out_bytes_per_example"],
-                        lambda b, f=l["flops_per_example"], k=l["kind"]: f * b / (rates_gflops[k] * 1e9))
+                        lambda b, f=l["flops_per_example"], k=l["kind"]: seconds(b, f, k))
                   for l in layers)
     update = 7 * sum(l.param_bytes for l in built) / memory_bytes_per_s
     out_bytes = sum(l.out_bytes_per_example for l in built)
     return Compute(key, lambda b: sum(l.seconds(b) for l in built) + update, update, built,
-                   lambda b: 2 * out_bytes * b, source)
+                   lambda b: 2 * out_bytes * b, source, tuple(leaf_bytes))
 
 
 # --- machines: how work and collectives become time ----------------------------------------
@@ -231,34 +238,41 @@ class Machine:
 
 
 def fitted_seconds(fits: dict, op: str, group: int, nbytes: float) -> float:
-    """latency + bytes / bandwidth from a profile's fits of `op`, at the measured group size
-    nearest `group` (scaled by (group - 1) / (nearest - 1) past the largest: a ring's steps)."""
+    """Seconds of collective `op` on `nbytes` from a profile's measurements at the measured
+    group size nearest `group` (scaled by (group - 1) / (nearest - 1) past the largest: a
+    ring's steps): piecewise-linear through the measured message sizes (a cache-sized message
+    and a memory-sized one differ in bandwidth; one affine fit would let the largest decide),
+    linear past both ends."""
     if op not in fits:
         raise KeyError(op)
     sizes = sorted(int(n) for n in fits[op])
     near = min(sizes, key=lambda n: (abs(n - group), n))
-    fit = fits[op][str(near)]
+    points = sorted(fits[op][str(near)]["points"])
     scale = (group - 1) / (near - 1) if group > max(sizes) and near > 1 else 1.0
-    return scale * (fit["latency_s"] + nbytes / fit["bytes_per_s"])
+    return scale * _interp([p[0] for p in points], [p[1] for p in points], nbytes)
 
 
 def link_seconds(link: Link, c: Collective) -> float:
-    """A collective over `link`: rings for all-reduce (2(n-1) steps of bytes/n), all-gather and
-    reduce-scatter (n-1 steps), one message for a permute, a binary tree for a broadcast, and
-    n-1 messages into the root for a gather."""
+    """A collective over `link`, each at its usual best algorithm's cost: the bandwidth of a
+    ring (all-reduce moves 2(n-1)/n of the bytes, reduce-scatter (n-1)/n, all-gather n-1
+    operands) with the latency of recursive halving/doubling (log2 n messages; 2 log2 n for
+    an all-reduce), as NCCL's and MPI's large-scale collectives approach; a permute is one
+    message, a broadcast a binary tree, a gather n-1 messages into the root."""
     n, b, a, bw = c.group, c.bytes, link.latency_s, link.bytes_per_s
     if n <= 1:
         return 0.0
+    hops = float(np.ceil(np.log2(n)))
     op = c.op.removeprefix("mpi_")
     seconds = {
-        "all-reduce": 2 * (n - 1) * (a + b / n / bw), "allreduce": 2 * (n - 1) * (a + b / n / bw),
-        "all-gather": (n - 1) * (a + b / bw),
-        "reduce-scatter": (n - 1) * (a + b / n / bw),
+        "all-reduce": 2 * hops * a + 2 * (n - 1) / n * b / bw,
+        "allreduce": 2 * hops * a + 2 * (n - 1) / n * b / bw,
+        "all-gather": hops * a + (n - 1) * b / bw,
+        "reduce-scatter": hops * a + (n - 1) / n * b / bw,
         "collective-permute": a + b / bw, "sendrecv": a + b / bw,
-        "bcast": np.ceil(np.log2(n)) * (a + b / bw),
+        "bcast": hops * (a + b / bw),
         "gather": a + (n - 1) * b / bw,
     }[op]
-    return c.count * float(seconds)
+    return c.count * seconds
 
 
 def predict(work: Work, machine: Machine, batch: int, devices: int) -> Prediction:

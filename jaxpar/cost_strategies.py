@@ -48,14 +48,25 @@ def _data(p: Problem, per_device_s: float, collectives, state_bytes: float) -> W
     return Work((per_device_s,) * d, tuple(collectives), state_bytes, p.compute.temp_bytes(p.batch / d))
 
 
-def data_parallel(p: Problem, op: str = "all-reduce") -> Work:
-    """Every device a replica on B/D rows; one all-reduce of the gradient (+ metric sums)."""
+def per_leaf(p: Problem, op: str, group: int, divide: int = 1, count: float = 1.0) -> list[Collective]:
+    """One collective per parameter array (XLA all-reduces a gradient tree as one op whose
+    arrays each pay the latency), or one of the whole when the arrays are not known."""
+    leaves = p.compute.leaf_bytes or (p.compute.param_bytes,)
+    return [Collective(op, b / divide, group, count) for b in leaves]
+
+
+def data_parallel(p: Problem) -> Work:
+    """Every device a replica on B/D rows; the gradient all-reduced (+ metric sums)."""
     c, d = p.compute, p.size("data")
-    return _data(p, c.step_s(p.batch / d), [Collective(op, c.param_bytes + SUMS, d)], c.state_bytes)
+    ops = per_leaf(p, "all-reduce", d) + [Collective("all-reduce", SUMS, d)]
+    return _data(p, c.step_s(p.batch / d), ops, c.state_bytes)
 
 
 def mpi_allreduce(p: Problem) -> Work:
-    return data_parallel(p, op="mpi_allreduce")
+    """Ranks as data-parallel replicas; gradient and sums fused into one buffer, one allreduce."""
+    c, r = p.compute, p.size("data")
+    return _data(p, c.step_s(p.batch / r), [Collective("mpi_allreduce", c.param_bytes + SUMS, r)],
+                 c.state_bytes)
 
 
 def fsdp(p: Problem) -> Work:
@@ -63,16 +74,16 @@ def fsdp(p: Problem) -> Work:
     device's slice, reduce-scatter of the whole gradient."""
     c, d = p.compute, p.size("data")
     per_device = c.backprop_s(p.batch / d) + c.update_s / d
-    ops = [Collective("all-gather", c.param_bytes / d, d), Collective("reduce-scatter", c.param_bytes, d),
-           Collective("all-reduce", SUMS, d)]
+    ops = per_leaf(p, "all-gather", d, divide=d) + per_leaf(p, "reduce-scatter", d) + [
+        Collective("all-reduce", SUMS, d)]
     return _data(p, per_device, ops, c.state_bytes / d)
 
 
 def local_sgd(p: Problem) -> Work:
     """Independent replicas; the parameters all-reduced once every k steps."""
     c, d = p.compute, p.size("data")
-    return _data(p, c.step_s(p.batch / d),
-                 [Collective("all-reduce", c.param_bytes, d, 1.0 / p.sync_every)], c.state_bytes)
+    return _data(p, c.step_s(p.batch / d), per_leaf(p, "all-reduce", d, count=1.0 / p.sync_every),
+                 c.state_bytes)
 
 
 def mpi_param_server(p: Problem) -> Work:

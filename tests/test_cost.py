@@ -62,10 +62,11 @@ def test_simulated_devices_add_their_work_and_dedicated_ones_do_not():
     work = STRATEGIES["dp-shard-map"].cost(predictlib.problem(STACK, "dp-shard-map", {"data": 4}, 256, compute))
     dedicated = cost.predict(work, cost.cluster(lambda k, t: compute, cost.LINKS["10gbit"], None, "x"), 256, 4)
     assert dedicated.compute_s == pytest.approx(compute.step_s(64))
-    # a ring all-reduce of the gradient: 2(N-1) steps of bytes/N over the link
+    # each gradient array all-reduced: 2 log2(N) latencies and a ring's 2(N-1)/N of its bytes
     link = cost.LINKS["10gbit"]
-    grad = compute.param_bytes + 12
-    assert dedicated.comm_s == pytest.approx(6 * (link.latency_s + grad / 4 / link.bytes_per_s))
+    arrays = [*compute.leaf_bytes, 12]
+    assert len(arrays) == 37
+    assert dedicated.comm_s == pytest.approx(sum(4 * link.latency_s + 1.5 * b / link.bytes_per_s for b in arrays))
 
 
 def test_a_pipeline_on_dedicated_devices_pays_the_schedules_bubble():
@@ -99,7 +100,7 @@ def test_plan_ranks_every_strategy_and_refuses_what_does_not_fit(capsys):
     assert {"single", "dp-shard-map", "local-sgd"} <= refused and "fsdp" in fits
     assert all(r["prediction"].memory_bytes > 200e6 for r in rows if not r["fits"])
     assert not any(rows[i]["fits"] < rows[i + 1]["fits"] for i in range(len(rows) - 1))  # fitting first
-    assert out.count("does not fit") == len(refused)
+    assert out.count("does not fit") == sum(not r["fits"] for r in rows)
 
 
 def test_predict_prints_the_parts(capsys):
@@ -115,4 +116,12 @@ def test_the_error_table_lists_every_committed_point():
     covered = [r for r in rows if "error" in r]
     assert covered and all(r["predicted_ms"] > 0 for r in covered)
     for r in covered:
-        assert r["error"] == pytest.approx(r["predicted_ms"] / r["measured_ms"] - 1)
+        assert r["error_profile"] == pytest.approx(r["predicted_ms"] / r["measured_ms"] - 1)
+        assert r["error"] == pytest.approx(r["anchored_ms"] / r["measured_ms"] - 1)
+        assert r["anchored_ms"] == pytest.approx(r["predicted_ms"] * r["scale"])
+    anchors = [r for r in covered if r["anchor"]]
+    assert anchors and all(r["strategy"] == "single" and r["error"] == pytest.approx(0) for r in anchors)
+    # one scale per study (and scaling mode) and model: every point of a group shares its anchor's
+    for a in anchors:
+        group = cost_check._group(a)
+        assert {r["scale"] for r in covered if cost_check._group(r) == group} == {a["scale"]}
