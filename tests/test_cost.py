@@ -12,6 +12,7 @@ from conftest import ROOT, run_cli
 from experiments import cost_check
 from experiments import predict as predictlib
 from experiments.__main__ import run
+from experiments.tables import TABLES
 from jaxpar import cost
 from jaxpar.cost_strategies import Problem
 from jaxpar.parallel import STRATEGIES
@@ -111,7 +112,7 @@ def test_predict_prints_the_parts(capsys):
 
 def test_the_error_table_lists_every_committed_point():
     rows = cost_check.check_rows(DATA)
-    table = cost_check.points_table(DATA)
+    table = TABLES["cost-points"](DATA)
     assert len(table.splitlines()) == len(rows) + 2
     covered = [r for r in rows if "error" in r]
     assert covered and all(r["predicted_ms"] > 0 for r in covered)
