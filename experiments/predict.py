@@ -216,7 +216,7 @@ def plan_rows(profile, key, devices, batch, device, link, memory, **options) -> 
             continue
         for spec in mesh_choices(cls, devices):
             try:
-                pred = predict_one(profile, key, name, devices if cls.axes else 1, batch, device, link,
+                pred = predict_one(profile, key, name, devices if cls.axes or cls.uses_mpi else 1, batch, device, link,
                                    memory, spec, **options)
             except (ConfigError, meshlib.MeshError, NotImplementedError, ZeroDivisionError, ValueError):
                 continue
