@@ -166,6 +166,9 @@ def summary(rows: list[dict]) -> list[dict]:
                     "median": median(errors), "max": max(errors) if errors else None,
                     "beyond_25": sum(e > 0.25 for e in errors),
                     "median_profile": median([abs(r["error_profile"]) for r in covered]),
+                    "state_checked": sum(bool(r.get("state_measured")) for r in covered),
+                    "state_equal": sum(bool(r.get("state_measured")) and
+                                       abs(r["state_predicted"] / r["state_measured"] - 1) < 0.01 for r in covered),
                     "scale": median([r["scale"] for r in covered])})
     return out
 

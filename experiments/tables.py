@@ -291,10 +291,12 @@ def _pct(x: float | None) -> str:
 def cost_summary(data_dir: Path) -> str:
     """Median and largest |error| of the predicted step, per study and over all."""
     return markdown(["study", "points", "predicted (anchors)", "median abs. error", "largest abs. error",
-                     "beyond 25%", "profile alone: median abs. error", "study's speed / profile's"],
+                     "beyond 25%", "profile alone: median abs. error", "study's speed / profile's",
+                     "state/device within 1%"],
                     [[s["study"], s["points"], f"{s['covered']} ({s['anchors']})", _pct(s["median"]),
                       _pct(s["max"]), s["beyond_25"], _pct(s["median_profile"]),
-                      DASH if s["scale"] is None else f"{s['scale']:.2f}"]
+                      DASH if s["scale"] is None else f"{s['scale']:.2f}",
+                      f"{s['state_equal']} of {s['state_checked']}"]
                      for s in cost_check.summary(cost_check.check_rows(data_dir))])
 
 

@@ -12,6 +12,7 @@ tick's activation send; it does not model how today's implementation reaches it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 
@@ -210,6 +211,14 @@ def mpi_pipeline(p: Problem) -> Work:
     return pipeline(p, op="mpi_sendrecv")
 
 
+def gems(p: Problem) -> Work:
+    """GEMS: the pipeline's bound, two model copies in opposite directions, so each device
+    holds a stage of each: twice the fullest stage's state (stages are held in one layout
+    padded to the largest, as `pipeline`'s are)."""
+    work = pipeline(p)
+    return dataclasses.replace(work, state_bytes=2 * work.state_bytes)
+
+
 # The cost functions of the strategies whose modules are being rewritten (pipeline, gems):
 # `Strategy.cost` falls back to these until their classes state `cost` themselves.
-FALLBACK = {"pipeline": pipeline, "gems": pipeline, "hybrid": pipeline}
+FALLBACK = {"pipeline": pipeline, "gems": gems, "hybrid": pipeline}
