@@ -126,9 +126,24 @@ def predict_one(profile, key, strategy, devices, batch, device="cpu", link="meas
     m = machine(profile, device, link, memory, ranks=STRATEGIES[strategy].uses_mpi and link == "measured")
     compute = m.compute(key, False)
     axes, note = mesh_axes(strategy, devices, mesh, len(compute.layers))
+    if not note:  # the strategy's own mesh: what it would refuse to run, it is not priced
+        refused(strategy, model_config(key), axes, batch, mesh, options)
     work = STRATEGIES[strategy].cost(problem(key, strategy, axes, batch, compute, **options))
     pred = cost.predict(work, m, batch, max(1, cost_devices(axes)))
     return dataclasses.replace(pred, notes=pred.notes + ((note,) if note else ()))
+
+
+def refused(strategy: str, model: ModelConfig, axes: dict, batch: int, mesh: str, options: dict) -> None:
+    """ConfigError with the strategy's own reasons when it cannot place `model` on `axes`."""
+    from jaxpar.config import DataConfig, ParallelConfig, TrainConfig
+
+    cls = STRATEGIES[strategy]
+    cls.check_model(model.model)
+    config = TrainConfig(data=DataConfig(batch_size=batch), model=model,
+                         parallel=ParallelConfig(strategy=strategy, mesh=mesh, **options))
+    problems = cls.check(config, axes)
+    if problems:
+        raise ConfigError(" ".join(problems))
 
 
 def cost_devices(axes: dict) -> int:
