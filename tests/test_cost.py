@@ -126,3 +126,14 @@ def test_the_error_table_lists_every_committed_point():
     for a in anchors:
         group = cost_check._group(a)
         assert {r["scale"] for r in covered if cost_check._group(r) == group} == {a["scale"]}
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--strategy", "hybrid", "--model", "cnn", "--devices", "8"], "cannot place --model cnn"),
+    (["--strategy", "tensor", "--model", "cnn", "--devices", "3"], "divisor of 32"),
+    (["--memory", "lots"], "write a size like 16GB"),
+    (["--device", "tpu"], "--device one of"),
+])
+def test_predict_refuses_what_cannot_run_naming_the_fix(args, needle, capsys):
+    assert run(["predict", *args]) == 2
+    assert needle in capsys.readouterr().err
