@@ -325,7 +325,8 @@ def cost_points(data_dir: Path) -> str:
 def cost_assumptions(_: Path) -> str:
     """The assumed hardware the extrapolation uses (jaxpar.cost.DEVICES and LINKS), with sources."""
     rows = [[f"device `{d.name}`", f"{d.peak_gflops / 1e3:g} TFLOP/s f32, {d.memory_bytes / 1e9:g} GB at "
-             f"{d.memory_bytes_per_s / 1e12:g} TB/s, {1e6 * d.layer_overhead_s:g} us per layer and step", d.source] for d in cost.DEVICES.values()]
+             f"{d.memory_bytes_per_s / 1e12:g} TB/s, {1e6 * d.layer_overhead_s:g} us per layer and step",
+             d.source] for d in cost.DEVICES.values()]
     rows += [[f"link `{k.name}`", f"{k.bytes_per_s / 1e9:g} GB/s, {1e6 * k.latency_s:g} us per message", k.source]
              for k in cost.LINKS.values()]
     return markdown(["assumed", "value", "source"], rows)

@@ -194,7 +194,8 @@ def profiled_compute(entry: dict, key: str, one_thread: bool = False, leaf_bytes
     ms = steps["step_ms"]
     scale = 1.0
     if one_thread and "steps_one_thread" in entry:  # the update on one thread, in proportion
-        scale = _interp(batches, ms, batches[0]) / _interp(entry["steps"]["batch"], entry["steps"]["step_ms"], batches[0])
+        every_core = entry["steps"]
+        scale = _interp(batches, ms, batches[0]) / _interp(every_core["batch"], every_core["step_ms"], batches[0])
     layers = []
     for layer in entry["layers"]:
         xs = sorted(int(b) for b in layer["ms"])

@@ -3,8 +3,8 @@
     mpiexec -n 2 python -m jaxpar.profiling_mpi '{"sizes": [4096, 1048576], "iters": 5}'
 
 Times mpi4jax's allreduce, gather (to rank 0), bcast (from rank 0) and sendrecv (a ring
-shift) inside jit at each operand size (the fastest of the timed calls); rank 0 prints {op: [[bytes, seconds], ...]} as one
-JSON line. Every rank times the same calls, each waited for, after a barrier.
+shift) inside jit at each operand size (the fastest of the timed calls); rank 0 prints
+{op: [[bytes, seconds], ...]} as one JSON line. Every rank times the same calls, each waited for, after a barrier.
 """
 
 from __future__ import annotations
