@@ -4,7 +4,8 @@
 
 Times mpi4jax's allreduce, gather (to rank 0), bcast (from rank 0) and sendrecv (a ring
 shift) inside jit at each operand size (the fastest of the timed calls); rank 0 prints
-{op: [[bytes, seconds], ...]} as one JSON line. Every rank times the same calls, each waited for, after a barrier.
+{op: [[bytes, seconds], ...]} as one JSON line. Every rank times the same calls, each
+waited for, after a barrier.
 """
 
 from __future__ import annotations
