@@ -15,8 +15,8 @@ import time
 import jax
 from rich.console import Console
 
-from experiments import (batch_size, demo, figures, hparam, peers, pipeline_study, scaling,
-                         strategies, time_to_accuracy)
+from experiments import (batch_size, demo, figures, hparam, peers, pipeline_study, predict,
+                         profile_cmd, scaling, strategies, time_to_accuracy)
 from experiments import report as docs_report  # not `report`: jaxpar.bench's printout
 from experiments.cli import BENCH, build_parser, config_from_args, options_from_args
 from experiments.options import BenchOptions
@@ -41,6 +41,15 @@ COMMANDS = {
                "options": docs_report.ReportOptions},
     "prepare-data": {"help": "prepare a dataset ahead of time (for offline machines and clusters)",
                      "config": {"dataset", "data_dir", "cache_dir"}},
+    "profile": {"help": "measure this machine once for the cost model (step and layer times, "
+                        "collectives); writes OUT/profile.json", "config": False,
+                "options": profile_cmd.ProfileOptions},
+    "predict": {"help": "predicted step time (compute, communication, bubble) and memory of one "
+                        "strategy on N devices over a link", "config": False,
+                "options": predict.PredictOptions},
+    "plan": {"help": "rank every strategy and mesh for a model, N devices, a memory per device "
+                     "and a link, marking what does not fit", "config": False,
+             "options": predict.PlanOptions},
     "demo": {"help": "local web page: train strategies live side by side, classify drawings with "
                      "the trained models, the study figures (needs the `demo` extra)", "config": False,
              "options": demo.DemoOptions},
@@ -48,7 +57,9 @@ COMMANDS = {
 
 # Commands that are not runs or studies: (module, its options dataclass).
 TOOLS = {"figures": (figures, figures.FiguresOptions), "report": (docs_report, docs_report.ReportOptions),
-         "demo": (demo, demo.DemoOptions)}
+         "demo": (demo, demo.DemoOptions), "profile": (profile_cmd, profile_cmd.ProfileOptions),
+         "predict": (predict.PredictCommand, predict.PredictOptions),
+         "plan": (predict.PlanCommand, predict.PlanOptions)}
 
 # Errors a user can fix: print the message alone (no traceback) and exit non-zero.
 EXIT_USAGE = 2

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments import plots, plots_studies, sources
+from experiments import plots, plots_cost, plots_studies, sources
 from experiments.options import option
 from jaxpar.errors import ResultsError
 
@@ -31,6 +31,8 @@ FIGURES = (
                          functools.partial(plots.strategies_bars, png="strategies_cnn.png")),)),
     ("time-to-accuracy", (("time_to_accuracy.png", plots_studies.time_to_accuracy),)),
     ("peers", (("peers.png", plots_studies.peers_bars),)),
+    ("cost", (("cost_predicted.png", plots_cost.predicted_vs_measured),
+              ("cost_scaling.png", plots_cost.scaling_extrapolated))),
     ("scaling", (("scaling_devices.png", None), ("scaling_ranks.png", None))),  # one call draws both
 )
 

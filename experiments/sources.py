@@ -38,6 +38,8 @@ SOURCES: dict[str, Source] = {
     "hparam": Source("hparam/hparam.json", "hparam", "`python -m experiments hparam --devices 2 --out OUT`"),
     "time-to-accuracy": Source("time_to_accuracy/time_to_accuracy.json", "time-to-accuracy",
                                "`python -m experiments time-to-accuracy --out OUT`"),
+    # This machine's profile for the cost model (jaxpar.cost); its checks read every study's points.
+    "cost": Source("cost/profile.json", "profile", "`python -m experiments profile --out OUT`"),
     "peers": Source("peers/peers.json", "peers", "`python -m experiments peers --out OUT` (needs the `peer` extra)"),
 }
 

@@ -235,6 +235,21 @@ class Strategy:
         """Expected collective operand bytes per step by op (and 'total'); {} = none expected."""
         return {}
 
+    # What its step costs, as a function of a `jaxpar.cost_strategies.Problem` returning a
+    # `jaxpar.cost.Work` (each device's compute, its collectives, memory); None: not modelled.
+    cost_model: Callable | None = None
+
+    @classmethod
+    def cost(cls, problem) -> Any:
+        """Its predicted work for `problem` (`jaxpar.cost.predict` prices it on a machine).
+
+        Raises:
+          NotImplementedError: the strategy states no cost.
+        """
+        if cls.cost_model is None:
+            raise NotImplementedError(f"--strategy {cls.name} states no cost model")
+        return cls.cost_model(problem)
+
     def accounting(self, programs: measure.Programs, state: TrainState) -> dict:
         """Communication and memory metrics for results JSON, from `compile("step", ...)`."""
         collective = programs.collective_bytes

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxpar import cost_strategies
 from jaxpar import mesh as meshlib
 from jaxpar import measure
 from jaxpar import step as steplib
@@ -25,6 +26,8 @@ from jaxpar.errors import ConfigError
 
 class DataParallel(Strategy):
     """Base for strategies that split the batch over the DATA axis."""
+
+    cost_model = staticmethod(cost_strategies.data_parallel)
 
     family = "data parallel"
     default_axes = {meshlib.DATA: -1}

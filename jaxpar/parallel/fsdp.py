@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxpar import cost_strategies
 from jaxpar import step as steplib
 from jaxpar.mesh import DATA
 from jaxpar.parallel.dp_common import DataParallel, accumulated_grads, global_sums
@@ -28,6 +29,7 @@ from jaxpar.parallel.layout import fetch, map_param_trees
 
 class FSDP(DataParallel):
     name = "fsdp"
+    cost_model = staticmethod(cost_strategies.fsdp)
     summary = ("ZeRO-3: parameters and optimizer state sharded 1/N per device; all-gather on "
                "use, reduce-scatter of gradients, explicit in `shard_map`")
     multiprocess = True  # state sharded over one global mesh under jax.distributed

@@ -19,6 +19,7 @@ parameters and optimizer state. Activations and their gradients move between dev
 
 from __future__ import annotations
 
+from jaxpar import cost_strategies
 from jaxpar.mesh import STAGE
 from jaxpar.parallel import partition
 from jaxpar.parallel.host_pipeline import HostPipeline, pick  # noqa: F401  (pick: mpi-pipeline's)
@@ -32,6 +33,7 @@ class LayerSplit(HostPipeline):
     # Stages on the devices of one global mesh under jax.distributed; between processes an
     # activation moves by a two-device collective-permute (`processes.move`).
     multiprocess = True
+    cost_model = staticmethod(cost_strategies.layer_split)
 
     @classmethod
     def check(cls, config, axes):

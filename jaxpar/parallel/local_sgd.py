@@ -26,6 +26,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxpar import cost_strategies
 from jaxpar import measure
 from jaxpar import step as steplib
 from jaxpar.errors import ConfigError
@@ -48,6 +49,7 @@ def _stacked(tree):
 
 class LocalSGD(DataParallel):
     name = "local-sgd"
+    cost_model = staticmethod(cost_strategies.local_sgd)
     summary = ("each replica takes `--sync-every k` steps on its own shard, then parameters "
                "are averaged")
     multiprocess = True  # per-replica state over one global mesh under jax.distributed

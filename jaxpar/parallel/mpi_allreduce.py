@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
+from jaxpar import cost_strategies
 from jaxpar import measure, theory
 from jaxpar import step as steplib
 from jaxpar.parallel import layout, mpi_common
@@ -22,6 +23,7 @@ COMM_REPEATS = 10  # timed calls of the communication alone (accounting)
 
 class MpiAllreduce(mpi_common.OnePerRank):
     name = "mpi-allreduce"
+    cost_model = staticmethod(cost_strategies.mpi_allreduce)
     summary = ("one process per MPI rank; fused gradient buffer summed with "
                "`mpi4jax.allreduce` inside `jit` (Horovod-style)")
     batch_norm_per_shard = True  # each rank steps on its own rows; the ranks are the data axis

@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
+from jaxpar import cost_strategies
 from jaxpar import step as steplib
 from jaxpar import theory
 from jaxpar.parallel import mpi_common
@@ -23,6 +24,7 @@ ROOT = 0
 
 class MpiParamServer(MpiAllreduce):
     name = "mpi-param-server"
+    cost_model = staticmethod(cost_strategies.mpi_param_server)
     summary = ("gradients gathered to rank 0 (`mpi4jax.gather`), update there, state "
                "broadcast back")
 

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxpar import cost_strategies
 from jaxpar import distributed, measure
 from jaxpar import step as steplib
 from jaxpar.data import IMAGE_SHAPE
@@ -55,6 +56,7 @@ SUMS_BYTES = 4 * len(steplib.SUMS)  # the f32 metric sums broadcast from the las
 
 class MpiPipeline(mpi_common.OnePerRank):
     name = "mpi-pipeline"
+    cost_model = staticmethod(cost_strategies.mpi_pipeline)
     summary = ("one stage per MPI rank: activations forward and gradients backward with "
                "`mpi4jax` send/recv inside `jit`, GPipe or 1F1B table; `--microbatches M`, "
                "`--stage-boundaries`; models without batch norm")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import jax
 
+from jaxpar import cost_strategies
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import DATA, STAGE
 from jaxpar.parallel import partition
@@ -52,6 +53,7 @@ class PipelineFace:
     batch_norm_per_shard = True  # per micro-batch statistics
     data_axis: str | None = None  # batch axis (hybrid: DATA)
     multiprocess = True  # stages on one global mesh under jax.distributed
+    cost_model = staticmethod(cost_strategies.pipeline)  # at its bound, either formulation
 
     @classmethod
     def check(cls, config, axes):
@@ -77,6 +79,7 @@ class GemsFace(PipelineFace):
                "filling the other's bubble (GEMS / Chimera); `--microbatches M` split between them")
     options = ("microbatches", "stage_boundaries", "pipeline_impl")
     multiprocess = False  # not yet tested on a mesh over processes (pipeline is)
+    cost_model = staticmethod(cost_strategies.gems)
 
     @classmethod
     def check(cls, config, axes):

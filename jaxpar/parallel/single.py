@@ -13,6 +13,7 @@ import jax
 import optax
 from flax import nnx
 
+from jaxpar import cost_strategies
 from jaxpar import mesh as meshlib
 from jaxpar import step as steplib
 from jaxpar.parallel.base import Strategy
@@ -20,6 +21,7 @@ from jaxpar.parallel.base import Strategy
 
 class Single(Strategy):
     name = "single"
+    cost_model = staticmethod(cost_strategies.single)
     family = "reference"
     summary = "the whole step on one device, plain `jit`"
     default_axes = {meshlib.DATA: 1}

@@ -23,6 +23,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxpar import cost_strategies
 from jaxpar import mesh as meshlib
 from jaxpar import step as steplib
 from jaxpar import theory
@@ -68,6 +69,8 @@ def local_param_bytes(params) -> int:
 
 class _TensorBase(Strategy):
     """What `tensor` and `tensor-auto` share: mesh checks, the sharded state, accounting."""
+
+    cost_model = staticmethod(cost_strategies.tensor)
 
     family = "model parallel"
     # blocks whose layers split column -> row; the CNN's and ResNet blocks' conv pairs by channels

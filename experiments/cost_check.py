@@ -1,0 +1,174 @@
+"""The cost model checked against every committed measurement it covers: each bench or
+training result under figures/data/ predicted from the committed profile of this machine
+(figures/data/cost/profile.json), with its error; the tables `report` writes and the
+predicted-against-measured figure come from here.
+
+    rows = check_rows(Path("figures/data"))   # one per measured point, predicted and measured
+    summary(rows)                              # median and largest |error| per study
+
+Covered: one process's simulated CPU devices (every core) and mpi4jax ranks (one thread
+each). Not covered, and listed as such: points over jax.distributed (several processes on
+one global mesh: the profile has no measurement of its cross-process collectives).
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from pathlib import Path
+
+from experiments import predict as predictlib
+from experiments import sources
+from jaxpar import cost, results
+from jaxpar.errors import ConfigError, ResultsError
+from jaxpar.parallel import STRATEGIES
+from jaxpar.profiling import model_key
+
+# (study, the results files under the data folder). Peers: each jaxpar row's rounds.
+STUDIES = (
+    ("strategies", "strategies/points/*/result.json"),
+    ("strategies-cnn", "strategies_cnn/points/*/result.json"),
+    ("scaling", "scaling/*/*/result.json"),
+    ("scaling-ranks", "scaling/ranks/*/*/result.json"),
+    ("pipeline", "pipeline/points/*/result.json"),
+    ("time-to-accuracy", "time_to_accuracy/*/result.json"),
+    ("peers", "peers/points/*/jaxpar-*"),
+)
+PROFILE = "cost/profile.json"
+# Strategies whose committed points measured an implementation being rewritten (the lead
+# re-measures them): the summary also states the error without them.
+REWRITTEN = ("pipeline", "gems", "hybrid")
+WITHOUT = "all but " + ", ".join(REWRITTEN)
+
+
+def _measured(study: str, path: Path) -> tuple[results.RunResult, float]:
+    """A point's result and its measured step (ms); a peers row: the median of its rounds."""
+    if study != "peers":
+        r = results.load(path)
+        return r, r.metrics["step_time_ms_median"]
+    rounds = [results.load(p) for p in sorted(path.glob("r*/result.json"))]
+    return rounds[0], statistics.median(r.metrics["step_time_ms_median"] for r in rounds)
+
+
+def predict_point(profile: dict, config: dict, env: dict) -> tuple[cost.Prediction | None, str]:
+    """The prediction for one measured point, or (None, why it is not covered)."""
+    p = config["parallel"]
+    cls = STRATEGIES[p["strategy"]]
+    if env.get("process_count", 1) > 1:
+        return None, "jax.distributed over processes: no profile of its collectives"
+    one_thread = env.get("threads_per_process") == 1 or p.get("single_thread", False)
+    compute = predictlib.compute_source(profile)
+    if cls.uses_mpi:
+        machine = cost.mpi_ranks(profile, compute)
+        devices = env.get("mpi_ranks", 1)
+    else:
+        machine = cost.simulated(profile, lambda key, _: compute(key, one_thread))
+        devices = p.get("devices") or env["device_count"]
+    key = model_key(config["model"])
+    c = machine.compute(key, one_thread)
+    axes, _ = predictlib.mesh_axes(cls.name, devices, p.get("mesh", ""), len(c.layers))
+    problem = predictlib.problem(key, cls.name, axes, config["data"]["batch_size"], c,
+                                 microbatches=p["microbatches"], schedule=p["schedule"],
+                                 sync_every=p.get("sync_every", 1))
+    work = cls.cost(problem)
+    return cost.predict(work, machine, config["data"]["batch_size"], predictlib.cost_devices(axes) or 1), ""
+
+
+def check_rows(data_dir: Path) -> list[dict]:
+    """Every covered committed point: study, name, model, strategy, devices or ranks, measured
+    and predicted ms/step, the prediction's parts, state bytes, and the error; points the
+    model does not cover carry `why` instead of a prediction. Computed once per data folder
+    and profile file (its tables and figure share it)."""
+    profile = Path(data_dir) / PROFILE
+    if not profile.is_file():
+        raise ResultsError(sources.missing(Path(data_dir), "cost"))
+    return _check_rows(str(Path(data_dir).resolve()), profile.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _check_rows(data_dir: str, _stamp: int) -> list[dict]:
+    data_dir = Path(data_dir)
+    profile = predictlib.load(str(data_dir / PROFILE))
+    rows = []
+    for study, pattern in STUDIES:
+        for path in sorted(Path(data_dir).glob(pattern)):
+            point = path if study == "peers" else path.parent
+            r, measured = _measured(study, path)
+            p = r.config["parallel"]
+            try:
+                pred, why = predict_point(profile, r.config, r.env)
+            except (ConfigError, NotImplementedError) as e:
+                pred, why = None, str(e)
+            processes = max(r.env.get("mpi_ranks", 1), r.env.get("process_count", 1))
+            row = {"study": study, "point": point.relative_to(data_dir).as_posix(),
+                   "model": model_key(r.config["model"]), "strategy": p["strategy"],
+                   "devices": processes if processes > 1 else (p.get("devices") or r.env["device_count"]),
+                   "ranks": processes > 1, "measured_ms": measured, "why": why,
+                   "one_thread": r.env.get("threads_per_process") == 1 or STRATEGIES[p["strategy"]].uses_mpi,
+                   "steps_per_dispatch": p.get("steps_per_dispatch", 1),
+                   "state_measured": r.metrics.get("state_bytes_per_device")}
+            if pred is not None:
+                row.update(predicted_ms=1000 * pred.total_s, compute_ms=1000 * pred.compute_s,
+                           comm_ms=1000 * pred.comm_s, bubble_ms=1000 * pred.bubble_s,
+                           state_predicted=pred.state_bytes,
+                           error_profile=1000 * pred.total_s / measured - 1)
+            rows.append(row)
+    anchor(rows)
+    return rows  # callers must not change it (cached)
+
+
+def _group(row: dict) -> tuple[str, str, bool]:
+    """The points measured together: a study (a scaling mode), a model, and whether they ran
+    on one thread per process (ranks) or on every core (the day's slowdown differs)."""
+    parts = row["point"].split("/")
+    mode = parts[2] if row["study"] == "scaling-ranks" else parts[1] if row["study"] == "scaling" else ""
+    return f"{row['study']}{'/' + mode if mode else ''}", row["model"], row["one_thread"]
+
+
+def anchor(rows: list[dict]) -> None:
+    """Scale each point's prediction by its group's `single` point (measured / predicted): one
+    number per study and model that takes out how fast the machine ran that day against the
+    day of the profile (the same code measured 2.4x apart on this machine). Adds `scale`,
+    `anchored_ms` and `error` (anchored / measured - 1) to every predicted row and marks the
+    anchors (`anchor`: their error is 0 by construction). A group without a `single` point
+    (the pipeline study; ranks beside a study's every-core `single`) takes the median scale
+    of the same model and threads elsewhere, else of every model on those threads."""
+    anchors = [r for r in rows if r["strategy"] == "single" and r["steps_per_dispatch"] == 1
+               and "predicted_ms" in r]
+    scales = {_group(r): r["measured_ms"] / r["predicted_ms"] for r in anchors}
+    by_model: dict = {}
+    for (_, model, threads), scale in scales.items():
+        by_model.setdefault((model, threads), []).append(scale)
+        by_model.setdefault(threads, []).append(scale)
+    for r in rows:
+        if "predicted_ms" not in r:
+            continue
+        fallback = by_model.get((r["model"], r["one_thread"])) or by_model.get(r["one_thread"], [1.0])
+        scale = scales.get(_group(r)) or statistics.median(fallback)
+        r.update(scale=scale, anchored_ms=r["predicted_ms"] * scale,
+                 error=r["predicted_ms"] * scale / r["measured_ms"] - 1,
+                 anchor=any(r is a for a in anchors))
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """Per study (and 'all'): points, points predicted, anchors; median and largest |error|
+    of the anchored prediction (anchors left out), the points beyond 25%; the median |error|
+    of the profile alone and the median scale (the study's speed over the profile's)."""
+    out = []
+    for study in [s for s, _ in STUDIES] + ["all", WITHOUT]:
+        here = [r for r in rows if study in ("all", r["study"])
+                or (study == WITHOUT and r["strategy"] not in REWRITTEN)]
+        covered = [r for r in here if "error" in r]
+        errors = [abs(r["error"]) for r in covered if not r["anchor"]]
+        median = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+        out.append({"study": study, "points": len(here), "covered": len(covered),
+                    "anchors": sum(r["anchor"] for r in covered),
+                    "median": median(errors), "max": max(errors) if errors else None,
+                    "beyond_25": sum(e > 0.25 for e in errors),
+                    "median_profile": median([abs(r["error_profile"]) for r in covered]),
+                    "state_checked": sum(bool(r.get("state_measured")) for r in covered),
+                    "state_equal": sum(bool(r.get("state_measured")) and
+                                       abs(r["state_predicted"] / r["state_measured"] - 1) < 0.01 for r in covered),
+                    "scale": median([r["scale"] for r in covered])})
+    return out
+

@@ -1,0 +1,335 @@
+"""The cost model: a strategy's step time (compute, exposed communication, pipeline bubble) and
+memory per device, predicted from what the strategy states about itself
+(`Strategy.cost`, jaxpar/cost_strategies.py) and a machine: a measured profile
+(`jaxpar.profiling`) or assumed hardware (DEVICES, LINKS).
+
+    profile = load_profile("figures/data/cost/profile.json")
+    machine = simulated(profile)                       # this machine's CPU devices
+    machine = cluster(profile, device="h100", link="10gbit")
+    pred = predict(problem(model_config, "pipeline", {"stage": 4}, batch=128), machine)
+    pred.total_s == pred.compute_s + pred.comm_s + pred.bubble_s
+
+How a machine turns a strategy's work into time:
+- dedicated devices (GPUs, hosts): the devices compute at once; the step's compute is the
+  busiest device's, a pipeline's the (M + S - 1) slots of its slowest stage (M of compute and
+  S - 1 of bubble);
+- simulated CPU devices share the machine's cores: one device's work is timed on every core
+  (XLA's one intra-op pool), so D devices' work adds up (D x step(B/D) for data parallelism,
+  not step(B/D)), and a pipeline's bubble costs nothing unless its critical path is longer
+  than the sum (an idle stage leaves its cores to the others);
+- MPI ranks run one pinned thread each: their one-thread work adds up over min(ranks, cores).
+Communication is not overlapped with compute (XLA:CPU runs both on the same threads; on a
+cluster this is the upper bound) and is priced per collective from the profile's measured
+message sizes or, on a link, by the formulas of `link_seconds`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+F32 = 4
+ADAM_SLOTS = 2  # Adam's two moments: state = parameters x (1 + 2)
+
+
+@dataclass(frozen=True)
+class Link:
+    """A network between devices: one message costs latency + bytes / bandwidth."""
+    name: str
+    bytes_per_s: float
+    latency_s: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Device:
+    """An assumed accelerator: its f32 peak, memory and memory bandwidth."""
+    name: str
+    peak_gflops: float
+    memory_bytes: float
+    memory_bytes_per_s: float
+    source: str
+    layer_overhead_s: float = 0.0   # per layer and step: kernel launches a small batch cannot hide
+
+
+# Assumed hardware (docs/studies.md names these as assumptions, with their sources).
+LINKS = {
+    "10gbit": Link("10gbit", 10e9 / 8, 20e-6, "10 Gbit/s Ethernet; 20 us per message (TCP, typical)"),
+    "100gbit": Link("100gbit", 100e9 / 8, 5e-6, "100 Gbit/s InfiniBand/RoCE; 5 us per message"),
+    "nvlink": Link("nvlink", 450e9, 3e-6, "H100 SXM NVLink 4: 900 GB/s both ways, 450 GB/s each way"),
+}
+DEVICES = {
+    "h100": Device("h100", 67e3, 80e9, 3.35e12,
+                   "NVIDIA H100 SXM datasheet: 67 TFLOP/s FP32 (no tensor cores), 80 GB HBM3 at 3.35 TB/s; "
+                   "30 us per layer and step: ~6 kernels (forward, two gradients, their element-wise "
+                   "parts) at ~5 us of CUDA launch latency each (assumed)", layer_overhead_s=30e-6),
+}
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective a step runs: operand bytes per device (as `measure.collective_bytes`
+    counts them), the devices in its group and how many times per step (1/k: every k steps)."""
+    op: str
+    bytes: float
+    group: int
+    count: float = 1.0
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a strategy states about one step (`Strategy.cost`): each device's compute, its
+    collectives and memory; a pipeline also its stages (per micro-batch) and micro-batches."""
+    device_s: tuple[float, ...]              # compute seconds of each device, on all its cores
+    collectives: tuple[Collective, ...] = ()
+    state_bytes: float = 0.0                 # parameters + optimizer state, fullest device
+    activation_bytes: float = 0.0            # kept for the backward pass, fullest device
+    stage_s: tuple[float, ...] = ()          # pipeline: each stage's time per micro-batch
+    microbatches: int = 1
+    serial: bool = False                     # devices run one after another (layer-split)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    compute_s: float
+    comm_s: float
+    bubble_s: float
+    state_bytes: float
+    activation_bytes: float
+    batch: int
+    devices: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.comm_s + self.bubble_s
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.state_bytes + self.activation_bytes
+
+    @property
+    def images_per_s(self) -> float:
+        return self.batch / self.total_s
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "total_s": self.total_s, "memory_bytes": self.memory_bytes,
+                "images_per_s": self.images_per_s}
+
+
+# --- compute: how long a model's pieces take on one device ---------------------------------
+
+def _interp(xs, ys, x: float) -> float:
+    """Piecewise-linear in x through the measured points, extended linearly past both ends
+    (a step's time is nearly affine in its batch: a fixed part + a per-example part)."""
+    xs, ys = np.asarray(xs, float), np.asarray(ys, float)
+    if len(xs) == 1:
+        return float(ys[0] * x / xs[0])
+    if x <= xs[0]:
+        i = 0
+    elif x >= xs[-1]:
+        i = len(xs) - 2
+    else:
+        return float(np.interp(x, xs, ys))
+    slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
+    return float(max(ys[i] + slope * (x - xs[i]), 0.05 * ys[0]))
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    kind: str
+    flops_per_example: float
+    param_bytes: float
+    out_bytes_per_example: float
+    seconds: Callable[[float], float]   # forward + backward of a batch of this many examples
+
+
+@dataclass(frozen=True)
+class Compute:
+    """One device's time for a model: the whole step (`step_s`, what `single` takes), the
+    optimizer update alone and each layer's forward + backward, plus the model's bytes."""
+    key: str
+    step_s: Callable[[float], float]
+    update_s: float
+    layers: tuple[Layer, ...]
+    temp_bytes: Callable[[float], float]
+    source: str                     # "measured" or how it was derived
+    leaf_bytes: tuple[int, ...] = ()  # each parameter array's bytes (collectives pay each's latency)
+
+    @property
+    def param_bytes(self) -> float:
+        return sum(layer.param_bytes for layer in self.layers)
+
+    @property
+    def state_bytes(self) -> float:
+        return self.param_bytes * (1 + ADAM_SLOTS)
+
+    def backprop_s(self, batch: float) -> float:
+        """The step without its optimizer update: the part that a batch split divides."""
+        return max(self.step_s(batch) - self.update_s, 0.0)
+
+    def shares(self, batch: float) -> list[float]:
+        """Each layer's share of the forward + backward time at this batch."""
+        times = [max(layer.seconds(batch), 1e-12) for layer in self.layers]
+        return [t / sum(times) for t in times]
+
+    def part_s(self, batch: float, layers) -> float:
+        """Forward + backward of the layers `layers` (indices) at this batch, plus their share of
+        the update: one pipeline stage or layer-split device."""
+        shares = self.shares(batch)
+        params = sum(self.layers[i].param_bytes for i in layers) / max(self.param_bytes, 1)
+        return self.backprop_s(batch) * sum(shares[i] for i in layers) + self.update_s * params
+
+
+def profiled_compute(entry: dict, key: str, one_thread: bool = False, leaf_bytes=()) -> Compute:
+    """A model's `Compute` from a profile entry (`jaxpar.profiling`); `one_thread`: the
+    one-thread step times (an MPI rank's)."""
+    steps = entry["steps_one_thread"] if one_thread and "steps_one_thread" in entry else entry["steps"]
+    batches = steps["batch"]
+    ms = steps["step_ms"]
+    scale = 1.0
+    if one_thread and "steps_one_thread" in entry:  # the update on one thread, in proportion
+        every_core = entry["steps"]
+        scale = _interp(batches, ms, batches[0]) / _interp(every_core["batch"], every_core["step_ms"], batches[0])
+    layers = []
+    for layer in entry["layers"]:
+        xs = sorted(int(b) for b in layer["ms"])
+        ys = [layer["ms"][str(b)] / 1000 for b in xs]
+        layers.append(Layer(layer["name"], layer["kind"], layer["flops_per_example"], layer["param_bytes"],
+                            layer["out_bytes_per_example"], lambda b, xs=xs, ys=ys: _interp(xs, ys, b)))
+    return Compute(key, lambda b: _interp(batches, ms, b) / 1000, entry["update_ms"] * scale / 1000,
+                   tuple(layers), lambda b: _interp(entry["steps"]["batch"], entry["steps"]["temp_bytes"], b),
+                   "measured" + (" (one thread)" if one_thread else ""), tuple(leaf_bytes))
+
+
+def flops_compute(key: str, layers: list[dict], rates_gflops: dict, memory_bytes_per_s: float,
+                  source: str, leaf_bytes=(), layer_overhead_s: float = 0.0) -> Compute:
+    """A model's `Compute` from its layers' FLOPs at an achieved rate per layer kind (for
+    models or devices without a measured profile): a layer takes FLOPs / rate (+ a fixed
+    overhead per layer), the update reads and writes every parameter, gradient and Adam moment
+    (7 passes) at the memory's bandwidth, and the step is their sum."""
+    def seconds(b, f, k):
+        return f * b / (rates_gflops[k] * 1e9) + layer_overhead_s
+
+    built = tuple(Layer(l["name"], l["kind"], l["flops_per_example"], l["param_bytes"],
+                        l["out_bytes_per_example"],
+                        lambda b, f=l["flops_per_example"], k=l["kind"]: seconds(b, f, k))
+                  for l in layers)
+    update = 7 * sum(l.param_bytes for l in built) / memory_bytes_per_s
+    out_bytes = sum(l.out_bytes_per_example for l in built)
+    return Compute(key, lambda b: sum(l.seconds(b) for l in built) + update, update, built,
+                   lambda b: 2 * out_bytes * b, source, tuple(leaf_bytes))
+
+
+# --- machines: how work and collectives become time ----------------------------------------
+
+@dataclass(frozen=True)
+class Machine:
+    name: str
+    compute: Callable[[str, bool], Compute]   # (model key, one thread?) -> Compute
+    collective_s: Callable[[Collective], float]
+    slots: int                 # how many devices' work runs at once (1: they share one pool)
+    memory_bytes: float | None
+    notes: tuple[str, ...] = ()
+
+
+def fitted_seconds(fits: dict, op: str, group: int, nbytes: float) -> float:
+    """Seconds of collective `op` on `nbytes` from a profile's measurements at the measured
+    group size nearest `group` (scaled by (group - 1) / (nearest - 1) past the largest: a
+    ring's steps): piecewise-linear through the measured message sizes (a cache-sized message
+    and a memory-sized one differ in bandwidth; one affine fit would let the largest decide),
+    linear past both ends."""
+    if op not in fits:
+        raise KeyError(op)
+    sizes = sorted(int(n) for n in fits[op])
+    near = min(sizes, key=lambda n: (abs(n - group), n))
+    points = sorted(fits[op][str(near)]["points"])
+    scale = (group - 1) / (near - 1) if group > max(sizes) and near > 1 else 1.0
+    return scale * _interp([p[0] for p in points], [p[1] for p in points], nbytes)
+
+
+def link_seconds(link: Link, c: Collective) -> float:
+    """A collective over `link`, each at its usual best algorithm's cost: the bandwidth of a
+    ring (all-reduce moves 2(n-1)/n of the bytes, reduce-scatter (n-1)/n, all-gather n-1
+    operands) with the latency of recursive halving/doubling (log2 n messages; 2 log2 n for
+    an all-reduce), as NCCL's and MPI's large-scale collectives approach; a permute is one
+    message, a broadcast a binary tree, a gather n-1 messages into the root."""
+    n, b, a, bw = c.group, c.bytes, link.latency_s, link.bytes_per_s
+    if n <= 1:
+        return 0.0
+    hops = float(np.ceil(np.log2(n)))
+    op = c.op.removeprefix("mpi_")
+    seconds = {
+        "all-reduce": 2 * hops * a + 2 * (n - 1) / n * b / bw,
+        "allreduce": 2 * hops * a + 2 * (n - 1) / n * b / bw,
+        "all-gather": hops * a + (n - 1) * b / bw,
+        "reduce-scatter": hops * a + (n - 1) / n * b / bw,
+        "collective-permute": a + b / bw, "sendrecv": a + b / bw,
+        "bcast": hops * (a + b / bw),
+        "gather": a + (n - 1) * b / bw,
+    }[op]
+    return c.count * seconds
+
+
+def predict(work: Work, machine: Machine, batch: int, devices: int) -> Prediction:
+    """The step's time split into compute, exposed communication and bubble (see the module
+    docstring for how each kind of machine adds devices' work)."""
+    comm = sum(machine.collective_s(c) for c in work.collectives)
+    if work.stage_s:   # a pipeline: M micro-batches through S stages
+        slowest = max(work.stage_s)
+        dedicated = work.microbatches * slowest
+        bubble = (len(work.stage_s) - 1) * slowest
+        updates = max(work.device_s) if work.device_s else 0.0
+        critical = dedicated + bubble + updates
+        total_work = work.microbatches * sum(work.stage_s) + sum(work.device_s)
+    else:
+        updates = 0.0
+        dedicated, bubble = (sum(work.device_s) if work.serial else max(work.device_s)), 0.0
+        critical = dedicated
+        total_work = sum(work.device_s)
+    if machine.slots >= devices:   # every device computes at once
+        compute = critical - bubble
+    else:                          # devices share cores: their work adds up
+        compute = total_work / machine.slots
+        bubble = max(critical - compute, 0.0)
+    return Prediction(compute, comm, bubble, work.state_bytes, work.activation_bytes, batch, devices,
+                      machine.notes)
+
+
+def load_profile(path) -> dict:
+    """A saved profile's metrics and env (`python -m experiments profile` writes it)."""
+    with open(path) as f:
+        d = json.load(f)
+    if d.get("kind") != "profile":
+        raise ValueError(f"{path} holds a {d.get('kind')!r} result, not a profile")
+    return {**d["metrics"], "env": d["env"]}
+
+
+def simulated(profile: dict, model_compute: Callable[[str, bool], Compute]) -> Machine:
+    """This machine's simulated CPU devices: one shared pool, the profile's collectives."""
+    fits = profile["collectives"]
+    return Machine("simulated CPU devices", model_compute,
+                   lambda c: c.count * fitted_seconds(fits, c.op, c.group, c.bytes) if c.group > 1 else 0.0,
+                   slots=1, memory_bytes=None,
+                   notes=(f"simulated devices share {profile['cores']} cores: their work adds up",))
+
+
+def mpi_ranks(profile: dict, model_compute: Callable[[str, bool], Compute]) -> Machine:
+    """This machine's MPI ranks, one pinned thread each, the profile's mpi4jax collectives."""
+    fits = profile["mpi"]
+    return Machine("MPI ranks (one thread each)", lambda key, _: model_compute(key, True),
+                   lambda c: c.count * fitted_seconds(fits, c.op, c.group, c.bytes) if c.group > 1 else 0.0,
+                   slots=profile["cores"], memory_bytes=None,
+                   notes=(f"ranks run one thread each on {profile['cores']} cores",))
+
+
+def cluster(model_compute: Callable[[str, bool], Compute], link: Link, memory_bytes: float | None,
+            name: str) -> Machine:
+    """Dedicated devices joined by `link`: every device computes at once."""
+    return Machine(name, model_compute, lambda c: link_seconds(link, c), slots=1 << 30,
+                   memory_bytes=memory_bytes, notes=(f"link {link.name}: {link.source}",))

@@ -1,0 +1,219 @@
+"""What each strategy states about its step's cost (`Strategy.cost`): each device's compute,
+its collectives and its memory, as a `jaxpar.cost.Work`, from a `Problem` (the model's
+`Compute`, the mesh, the batch, the schedule). `jaxpar.cost.predict` turns it into time on a
+machine. A new strategy brings its own function here (or on its class).
+
+    work = COSTS["fsdp"](Problem(compute, {"data": 4}, batch=128))
+
+The pipeline's cost is its bound (docs/design.md, invariant 7): `single`'s compute split over
+the stages by the layers' measured times, the schedule's (S - 1) slots of bubble, and each
+tick's activation send; it does not model how today's implementation reaches it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+
+from jaxpar.cost import F32, Collective, Compute, Work
+
+SUMS = 3 * F32   # the metric sums every data-parallel step all-reduces
+
+
+@dataclass(frozen=True)
+class Problem:
+    compute: Compute
+    axes: dict = field(default_factory=dict)   # {"data": D, "tensor": T, "stage": S}; ranks as data/stage
+    batch: int = 128
+    microbatches: int = 4
+    schedule: str = "gpipe"
+    sync_every: int = 1
+    model: dict = field(default_factory=dict)  # the model config (tensor's collective bytes)
+
+    def size(self, axis: str) -> int:
+        return int(self.axes.get(axis, 1))
+
+    @property
+    def devices(self) -> int:
+        return self.size("data") * self.size("tensor") * self.size("stage")
+
+
+def single(p: Problem) -> Work:
+    c = p.compute
+    return Work((c.step_s(p.batch),), (), c.state_bytes, c.temp_bytes(p.batch))
+
+
+def _data(p: Problem, per_device_s: float, collectives, state_bytes: float) -> Work:
+    d = p.size("data")
+    return Work((per_device_s,) * d, tuple(collectives), state_bytes, p.compute.temp_bytes(p.batch / d))
+
+
+def per_leaf(p: Problem, op: str, group: int, divide: int = 1, count: float = 1.0) -> list[Collective]:
+    """One collective per parameter array (XLA all-reduces a gradient tree as one op whose
+    arrays each pay the latency), or one of the whole when the arrays are not known."""
+    leaves = p.compute.leaf_bytes or (p.compute.param_bytes,)
+    return [Collective(op, b / divide, group, count) for b in leaves]
+
+
+def data_parallel(p: Problem) -> Work:
+    """Every device a replica on B/D rows; the gradient all-reduced (+ metric sums)."""
+    c, d = p.compute, p.size("data")
+    ops = per_leaf(p, "all-reduce", d) + [Collective("all-reduce", SUMS, d)]
+    return _data(p, c.step_s(p.batch / d), ops, c.state_bytes)
+
+
+def mpi_allreduce(p: Problem) -> Work:
+    """Ranks as data-parallel replicas; gradient and sums fused into one buffer, one allreduce."""
+    c, r = p.compute, p.size("data")
+    return _data(p, c.step_s(p.batch / r), [Collective("mpi_allreduce", c.param_bytes + SUMS, r)],
+                 c.state_bytes)
+
+
+def fsdp(p: Problem) -> Work:
+    """Replica compute on B/D rows, the update on 1/D of the parameters; all-gather of each
+    device's slice, reduce-scatter of the whole gradient."""
+    c, d = p.compute, p.size("data")
+    per_device = c.backprop_s(p.batch / d) + c.update_s / d
+    ops = per_leaf(p, "all-gather", d, divide=d) + per_leaf(p, "reduce-scatter", d) + [
+        Collective("all-reduce", SUMS, d)]
+    return _data(p, per_device, ops, c.state_bytes / d)
+
+
+def local_sgd(p: Problem) -> Work:
+    """Independent replicas; the parameters all-reduced once every k steps."""
+    c, d = p.compute, p.size("data")
+    return _data(p, c.step_s(p.batch / d), per_leaf(p, "all-reduce", d, count=1.0 / p.sync_every),
+                 c.state_bytes)
+
+
+def mpi_param_server(p: Problem) -> Work:
+    """Ranks compute gradients of B/R rows; rank 0 gathers them, updates, broadcasts the state."""
+    c, r = p.compute, p.size("data")
+    grads = c.backprop_s(p.batch / r)
+    ops = [Collective("mpi_gather", c.param_bytes + SUMS, r), Collective("mpi_bcast", c.state_bytes + SUMS, r)]
+    return Work((grads + c.update_s,) + (grads,) * (r - 1), tuple(ops), c.state_bytes,
+                c.temp_bytes(p.batch / r))
+
+
+# --- model parallel --------------------------------------------------------------------
+
+def split_layers(p: Problem) -> list[int]:
+    """The layers tensor parallelism splits: stack-mlp and ResNet blocks, the CNN's conv pair."""
+    names = [layer.name for layer in p.compute.layers]
+    if p.model.get("model") == "cnn":
+        return [i for i, n in enumerate(names) if n in ("conv1", "conv2")]
+    return [i for i, n in enumerate(names) if n.startswith("block")]
+
+
+@functools.lru_cache(maxsize=64)
+def _tensor_bytes(model: tuple, batch_local: int, degree: int) -> tuple[float, int]:
+    """(all-reduce operand bytes per step, all-reduces per step) of the Megatron / channel
+    split, from `jaxpar.theory` and `jaxpar.parallel.channels` (as `Tensor.theory` states them)."""
+    from jaxpar import theory
+    from jaxpar.config import ModelConfig
+    from jaxpar.models import abstract_model, option_value
+    from jaxpar.parallel import channels
+
+    name, depth, width = model
+    if degree <= 1:
+        return 0.0, 0
+    if name == "stack-mlp":
+        depth, width = option_value(name, "depth", depth), option_value(name, "width", width)
+        return float(theory.tensor_collective_bytes(batch_local=batch_local, width=width, depth=depth,
+                                                   degree=degree, vit=False)), 2 * depth
+    net = abstract_model(ModelConfig(name, depth=depth, width=width))
+    pairs = 1 if name == "cnn" else len(net.blocks)
+    return float(channels.collective_bytes(net, batch_local)), 2 * pairs - (1 if name == "cnn" else 0)
+
+
+def _tensor_parts(p: Problem, batch: float, layers) -> tuple[float, float]:
+    """(compute seconds, parameter bytes) of one tensor shard of `layers` at this batch."""
+    c, t = p.compute, p.size("tensor")
+    split = set(split_layers(p))
+    shares = c.shares(batch)
+    frac = sum(shares[i] / (t if i in split else 1) for i in layers)
+    params = sum(c.layers[i].param_bytes / (t if i in split else 1) for i in layers)
+    return c.backprop_s(batch) * frac + c.update_s * params / max(c.param_bytes, 1), params
+
+
+def tensor(p: Problem) -> Work:
+    """Split layers' compute and parameters divided by T; their activations all-reduced twice
+    (forward and backward) per pair; over data > 1 also the gradient all-reduce."""
+    d, t = p.size("data"), p.size("tensor")
+    b = p.batch / d
+    seconds, params = _tensor_parts(p, b, range(len(p.compute.layers)))
+    nbytes, count = _tensor_bytes((p.model.get("model"), p.model.get("depth"), p.model.get("width")), int(b), t)
+    ops = [Collective("all-reduce", nbytes / count, t, count)] if count else []
+    if d > 1:
+        ops.append(Collective("all-reduce", params + SUMS, d))
+    return Work((seconds,) * (d * t), tuple(ops), params * 3, p.compute.temp_bytes(b))
+
+
+def stage_starts(p: Problem, stages: int) -> tuple[int, ...]:
+    """Stages cut as `jaxpar.parallel.partition` cuts them: balanced by the layers' FLOPs."""
+    from jaxpar.errors import ConfigError
+    from jaxpar.parallel.partition import balanced
+
+    layers = p.compute.layers
+    if stages > len(layers):
+        raise ConfigError(f"{stages} stages need at least {stages} layers; {p.model.get('model')} has "
+                          f"{len(layers)}: use at most {len(layers)} stages (the rest as data replicas)")
+    return balanced([layer.flops_per_example for layer in layers], stages)
+
+
+def _stage_layers(p: Problem, stages: int) -> list[range]:
+    starts = stage_starts(p, stages)
+    ends = (*starts[1:], len(p.compute.layers))
+    return [range(a, b) for a, b in zip(starts, ends)]
+
+
+def layer_split(p: Problem) -> Work:
+    """Stages one after another on their own devices (no overlap); activations and their
+    gradients cross each boundary once."""
+    c, s = p.compute, p.size("stage")
+    parts = [c.part_s(p.batch, r) for r in _stage_layers(p, s)]
+    sends = [Collective("collective-permute", c.layers[r[-1]].out_bytes_per_example * p.batch, 2, 2)
+             for r in _stage_layers(p, s)[:-1]]
+    state = max(sum(c.layers[i].param_bytes for i in r) for r in _stage_layers(p, s)) * 3
+    return Work(tuple(parts), tuple(sends), state, c.temp_bytes(p.batch) / s, serial=True)
+
+
+def pipeline(p: Problem, op: str = "collective-permute") -> Work:
+    """The pipeline's bound: S stages of `single`'s layers (cut by FLOPs), each micro-batch of
+    B/(D*M) rows through every stage, (S - 1) slots of bubble, one activation send forward and
+    one gradient send backward per slot (the largest boundary's), the update once per step;
+    GPipe keeps M micro-batches' activations, 1F1B at most S. Tensor and data axes (hybrid)
+    split each stage as `tensor` does and all-reduce the stage's gradient."""
+    c, s, m, d, t = p.compute, p.size("stage"), p.microbatches, p.size("data"), p.size("tensor")
+    b = p.batch / d / m
+    ranges = _stage_layers(p, s)
+    stage_s, stage_params = [], []
+    for r in ranges:
+        seconds, params = _tensor_parts(p, b, r) if t > 1 else (c.part_s(b, r), sum(c.layers[i].param_bytes for i in r))
+        update = c.update_s * params / max(c.param_bytes, 1)
+        stage_s.append(seconds - update)
+        stage_params.append(params)
+    updates = tuple(c.update_s * q / max(c.param_bytes, 1) for q in stage_params)
+    boundary = max((c.layers[r[-1]].out_bytes_per_example for r in ranges[:-1]), default=0) * b / t
+    ops = [Collective(op, boundary, s, 2 * (m + s - 1))] if s > 1 else []
+    if t > 1:
+        nbytes, count = _tensor_bytes((p.model.get("model"), p.model.get("depth"), p.model.get("width")), int(b), t)
+        ops.append(Collective("all-reduce", nbytes / max(count, 1) / s, t, count * m))
+    if d > 1:
+        ops.append(Collective("all-reduce", max(stage_params) + SUMS, d))
+    in_flight = m if p.schedule == "gpipe" else min(m, s)
+    act = max(sum(c.layers[i].out_bytes_per_example for i in r) for r in ranges) * b * in_flight * 2
+    return Work(updates, tuple(ops), max(stage_params) * 3, act, stage_s=tuple(stage_s), microbatches=m)
+
+
+def mpi_pipeline(p: Problem) -> Work:
+    return pipeline(p, op="mpi_sendrecv")
+
+
+def gems(p: Problem) -> Work:
+    """GEMS: the pipeline's bound, two model copies in opposite directions, so each device
+    holds a stage of each: twice the fullest stage's state (stages are held in one layout
+    padded to the largest, as `pipeline`'s are)."""
+    work = pipeline(p)
+    return dataclasses.replace(work, state_bytes=2 * work.state_bytes)

@@ -1,0 +1,139 @@
+"""The cost model: a profile from a quick run, predictions whose parts add up and follow the
+strategies' formulas, `plan` refusing what does not fit, every strategy stating its cost, and
+the committed error table listing every committed point."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import ROOT, run_cli
+from experiments import cost_check
+from experiments import predict as predictlib
+from experiments.__main__ import run
+from experiments.tables import TABLES
+from jaxpar import cost
+from jaxpar.cost_strategies import Problem
+from jaxpar.parallel import STRATEGIES
+
+DATA = ROOT / "figures" / "data"
+PROFILE = cost.load_profile(DATA / "cost" / "profile.json")
+STACK = "stack-mlp-d8-w256"  # profiled: every strategy takes it
+
+
+def test_a_quick_profile_measures_steps_layers_and_collectives(tmp_path):
+    done = run_cli("profile", "--quick", "--no-mpi", "--out", str(tmp_path), timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    saved = json.loads((tmp_path / "profile.json").read_text())
+    assert saved["kind"] == "profile" and saved["env"]["cpu_cores"] >= 1
+    m = saved["metrics"]
+    (entry,) = m["models"].values()
+    assert len(entry["steps"]["batch"]) == len(entry["steps"]["step_ms"]) >= 2
+    assert all(t > 0 for t in entry["steps"]["step_ms"]) and entry["update_ms"] > 0
+    assert [layer["name"] for layer in entry["layers"]] == ["hidden0", "hidden1", "out"]
+    assert all(layer["flops_per_example"] > 0 and layer["ms"] for layer in entry["layers"])
+    for op in ("all-reduce", "all-gather", "reduce-scatter", "collective-permute"):
+        for n in ("2", "4", "8"):
+            fit = m["collectives"][op][n]
+            assert fit["bytes_per_s"] > 0 and fit["latency_s"] >= 0 and len(fit["points"]) == 2
+    assert m["matmul_peak_gflops"] > 0 and set(m["kinds"]) == {"dense"}
+    assert m["mpi"] == {} and m["mpi_note"] == "not asked"
+
+
+@pytest.mark.parametrize("strategy,devices,link", [
+    ("single", 1, "measured"), ("dp-shard-map", 4, "measured"), ("fsdp", 8, "measured"),
+    ("tensor", 4, "measured"), ("layer-split", 4, "measured"), ("pipeline", 4, "measured"),
+    ("mpi-allreduce", 2, "measured"), ("pipeline", 8, "10gbit"), ("fsdp", 64, "nvlink"),
+])
+def test_a_prediction_is_the_sum_of_its_parts(strategy, devices, link):
+    device = "cpu" if link == "measured" else "h100"
+    p = predictlib.predict_one(PROFILE, STACK, strategy, devices, 512, device, link)
+    assert p.total_s == pytest.approx(p.compute_s + p.comm_s + p.bubble_s)
+    assert min(p.compute_s, p.comm_s, p.bubble_s) >= 0 and p.compute_s > 0
+    assert (p.comm_s > 0) == (strategy != "single")
+    assert p.images_per_s == pytest.approx(512 / p.total_s)
+    assert p.memory_bytes == p.state_bytes + p.activation_bytes > 0
+
+
+def test_simulated_devices_add_their_work_and_dedicated_ones_do_not():
+    compute = predictlib.compute_source(PROFILE)(STACK)
+    shared = predictlib.predict_one(PROFILE, STACK, "dp-shard-map", 4, 256)
+    assert shared.compute_s == pytest.approx(4 * compute.step_s(64))
+    work = STRATEGIES["dp-shard-map"].cost(predictlib.problem(STACK, "dp-shard-map", {"data": 4}, 256, compute))
+    dedicated = cost.predict(work, cost.cluster(lambda k, t: compute, cost.LINKS["10gbit"], None, "x"), 256, 4)
+    assert dedicated.compute_s == pytest.approx(compute.step_s(64))
+    # each gradient array all-reduced: 2 log2(N) latencies and a ring's 2(N-1)/N of its bytes
+    link = cost.LINKS["10gbit"]
+    arrays = [*compute.leaf_bytes, 12]
+    assert len(arrays) == 37
+    assert dedicated.comm_s == pytest.approx(sum(4 * link.latency_s + 1.5 * b / link.bytes_per_s for b in arrays))
+
+
+def test_a_pipeline_on_dedicated_devices_pays_the_schedules_bubble():
+    compute = predictlib.compute_source(PROFILE)(STACK)
+    for m in (1, 4, 16):
+        problem = Problem(compute, {"stage": 4}, 512, microbatches=m, model={"model": "stack-mlp"})
+        work = STRATEGIES["pipeline"].cost(problem)
+        p = cost.predict(work, cost.cluster(lambda k, t: compute, cost.LINKS["nvlink"], None, "x"), 512, 4)
+        slowest = max(work.stage_s)
+        assert p.bubble_s == pytest.approx(3 * slowest)
+        assert p.bubble_s / (p.bubble_s + p.compute_s - max(work.device_s)) == pytest.approx(3 / (m + 3))
+
+
+def test_every_strategy_states_its_cost():
+    compute = predictlib.compute_source(PROFILE)(STACK)
+    for name, cls in STRATEGIES.items():
+        axes = {"data": 2, "tensor": 2, "stage": 2} if name == "hybrid" else predictlib.mesh_axes(name, 4)[0]
+        work = cls.cost(predictlib.problem(STACK, name, axes, 128, compute))
+        assert work.device_s and work.state_bytes > 0, name
+
+
+def test_plan_ranks_every_strategy_and_refuses_what_does_not_fit(capsys):
+    # stack-mlp d4 w1024: ~0.4 GB of state with Adam; 0.2 GB per device fits only when sharded
+    args = ["plan", "--model", "stack-mlp", "--depth", "4", "--width", "1024", "--devices", "8",
+            "--memory", "200MB", "--device", "h100", "--link", "100gbit"]
+    assert run(args) == 0
+    out = capsys.readouterr().out
+    rows = predictlib.plan_rows(PROFILE, "stack-mlp-d4-w1024", 8, 128, "h100", "100gbit", 200e6)
+    fits = {r["strategy"] for r in rows if r["fits"]}
+    refused = {r["strategy"] for r in rows if not r["fits"]}
+    assert {"single", "dp-shard-map", "local-sgd"} <= refused and "fsdp" in fits
+    assert all(r["prediction"].memory_bytes > 200e6 for r in rows if not r["fits"])
+    assert not any(rows[i]["fits"] < rows[i + 1]["fits"] for i in range(len(rows) - 1))  # fitting first
+    assert out.count("does not fit") == sum(not r["fits"] for r in rows)
+
+
+def test_predict_prints_the_parts(capsys):
+    assert run(["predict", "--model", "cnn", "--strategy", "pipeline", "--devices", "64", "--link", "10gbit"]) == 0
+    out = capsys.readouterr().out
+    assert "compute" in out and "communication" in out and "bubble" in out and "4 stages" in out
+
+
+def test_the_error_table_lists_every_committed_point():
+    rows = cost_check.check_rows(DATA)
+    table = TABLES["cost-points"](DATA)
+    assert len(table.splitlines()) == len(rows) + 2
+    covered = [r for r in rows if "error" in r]
+    assert covered and all(r["predicted_ms"] > 0 for r in covered)
+    for r in covered:
+        assert r["error_profile"] == pytest.approx(r["predicted_ms"] / r["measured_ms"] - 1)
+        assert r["error"] == pytest.approx(r["anchored_ms"] / r["measured_ms"] - 1)
+        assert r["anchored_ms"] == pytest.approx(r["predicted_ms"] * r["scale"])
+    anchors = [r for r in covered if r["anchor"]]
+    assert anchors and all(r["strategy"] == "single" and r["error"] == pytest.approx(0) for r in anchors)
+    # one scale per study (and scaling mode) and model: every point of a group shares its anchor's
+    for a in anchors:
+        group = cost_check._group(a)
+        assert {r["scale"] for r in covered if cost_check._group(r) == group} == {a["scale"]}
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--strategy", "hybrid", "--model", "cnn", "--devices", "8"], "cannot place --model cnn"),
+    (["--strategy", "tensor", "--model", "cnn", "--devices", "3"], "divisor of 32"),
+    (["--memory", "lots"], "write a size like 16GB"),
+    (["--device", "tpu"], "--device one of"),
+])
+def test_predict_refuses_what_cannot_run_naming_the_fix(args, needle, capsys):
+    assert run(["predict", *args]) == 2
+    assert needle in capsys.readouterr().err
