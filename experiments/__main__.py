@@ -15,7 +15,7 @@ import time
 import jax
 from rich.console import Console
 
-from experiments import (batch_size, demo, figures, hparam, peers, pipeline_study, predict,
+from experiments import (batch_size, bounds, demo, figures, hparam, peers, pipeline_study, predict,
                          profile_cmd, scaling, strategies, time_to_accuracy)
 from experiments import report as docs_report  # not `report`: jaxpar.bench's printout
 from experiments.cli import BENCH, build_parser, config_from_args, options_from_args
@@ -27,7 +27,7 @@ from jaxpar.errors import Diverged, UserError
 
 # Every study: a config dataclass (its flags), a quick preset and a run function.
 STUDIES = {s.name: s for s in (scaling.STUDY, pipeline_study.STUDY, hparam.STUDY, batch_size.STUDY,
-                                strategies.STUDY, time_to_accuracy.STUDY, peers.STUDY)}
+                                strategies.STUDY, time_to_accuracy.STUDY, peers.STUDY, bounds.STUDY)}
 
 COMMANDS = {
     "train": {"help": "train one model with one strategy; writes OUT/result.json"},

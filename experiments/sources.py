@@ -35,6 +35,7 @@ SOURCES: dict[str, Source] = {
     "cnn-strategies": Source("strategies_cnn/strategies.json", "strategies",
                              "`python -m experiments strategies --model cnn --out OUT`"),
     "pipeline": Source("pipeline/pipeline.json", "pipeline", "`python -m experiments pipeline --out OUT`"),
+    "bounds": Source("bounds/bounds.json", "bounds", "`python -m experiments bounds --out OUT`"),
     "hparam": Source("hparam/hparam.json", "hparam", "`python -m experiments hparam --devices 2 --out OUT`"),
     "time-to-accuracy": Source("time_to_accuracy/time_to_accuracy.json", "time-to-accuracy",
                                "`python -m experiments time-to-accuracy --out OUT`"),

@@ -193,6 +193,18 @@ def strategies_study(name: str, data_dir: Path) -> str:
           mb(r["state_bytes_per_device"]), mb(r["activation_bytes_per_device"])] for r in rows])
 
 
+# --- bounds study ----------------------------------------------------------------------------
+def bounds(data_dir: Path) -> str:
+    """Each model-parallel strategy's step against single's of the same run and device count."""
+    rows = sources.load(data_dir, "bounds")["metrics"]["rows"]
+    met = lambda r: DASH if r["met"] is None else ("yes" if r["met"] else "**no**")  # noqa: E731
+    return markdown(
+        ["devices", "strategy", "formulation", "ms/step", "x single", "limit", "within", "schedule's bubble"],
+        [[r["devices"], r["label"], r["implementation"] or DASH, num(r["ms_per_step"], 1),
+          num(r["ratio"], 2), DASH if r["limit"] is None else f"{r['limit']}x", met(r),
+          DASH if r["bubble_fraction"] is None else f"{r['bubble_fraction']:.0%}"] for r in rows])
+
+
 # --- pipeline study --------------------------------------------------------------------------
 def pipeline(data_dir: Path) -> str:
     rows = sources.load(data_dir, "pipeline")["metrics"]["rows"]
@@ -341,6 +353,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "strategies-study": functools.partial(strategies_study, "strategies"),
     "strategies-study-cnn": functools.partial(strategies_study, "cnn-strategies"),
     "pipeline": pipeline,
+    "bounds": bounds,
     "batch-size": batch_size,
     "time-to-accuracy": time_to_accuracy,
     "hparam": hparam,
