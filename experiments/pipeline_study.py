@@ -150,7 +150,10 @@ def measurement(result: results.RunResult, folder: str) -> dict:
     return {"images_per_sec": pm["images_per_sec"], "step_ms": pm["step_time_ms_median"],
             "temp_bytes": pm["memory_per_device"]["temp_bytes"],
             "state_bytes": pm["state_bytes_per_device"], "compile_s": pm["compile_s"],
-            "collective_bytes": pm["collective_bytes_per_step"], "point": folder}
+            "collective_bytes": pm["collective_bytes_per_step"],
+            # host-driven stages move activations with device_put, not collectives
+            "moved_bytes": result.strategy.get("stage_transfer_bytes_per_step", pm["collective_bytes_per_step"]),
+            "implementation": result.strategy.get("implementation"), "point": folder}
 
 
 def run(config: PipelineConfig) -> list[Path]:

@@ -218,10 +218,10 @@ def pipeline(data_dir: Path) -> str:
         out.append([m, bubble(here[0]), *[bubble(by.get((g, m))) for g in gems],
                     *[num(h.get("images_per_sec")) for h in here],
                     *[num(h["temp_bytes"] / 2 ** 20, 1) if h.get("temp_bytes") else DASH for h in here],
-                    *[mb(h.get("collective_bytes")) for h in here]])
+                    *[mb(h.get("moved_bytes", h.get("collective_bytes"))) for h in here]])
     return markdown(["M", "bubble (S-1)/(M+S-1)", *[f"{g} bubble (S-2)/(2M+S-2)" for g in gems],
                      *[f"{s} images/s" for s in names], *[f"{s} temp MiB/device" for s in names],
-                     *[f"{s} collective MB/step" for s in names]], out)
+                     *[f"{s} MB moved/step" for s in names]], out)
 
 
 # --- batch-size study ------------------------------------------------------------------------
