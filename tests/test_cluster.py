@@ -3,8 +3,8 @@ rate-limited links, multi-process strategies across them equal `single`, a kille
 another host ends the job, and nothing is left behind however a run ends.
 
 Needs root and network namespaces (skipped with the reason otherwise). The cross-host
-equivalence runs a subset of tests/mpi (every MPI strategy, two jax.distributed ones) to keep
-CI short; JAXPAR_CLUSTER_TESTS=all runs all of tests/mpi across the hosts (about 3 minutes).
+launch runs a subset of tests/mpi (every MPI strategy, two jax.distributed ones, the bytes on
+the wire) to keep CI short; JAXPAR_CLUSTER_TESTS=all runs all of tests/mpi across the hosts (about 3 minutes).
 
     python -m pytest -q tests/test_cluster.py
 """
@@ -136,14 +136,16 @@ CROSS_HOST = ["tests/mpi/test_jax_distributed.py::test_world_size_is_what_was_la
               "tests/mpi/test_jax_distributed.py::test_ranks_are_on_the_hosts_launched",
               "tests/mpi/test_mpi_common.py::test_equivalent_to_single",  # every MPI strategy
               "tests/mpi/test_jax_distributed.py::test_equivalent_to_single[dp-auto]",
-              "tests/mpi/test_jax_distributed.py::test_equivalent_to_single[fsdp]"]
+              "tests/mpi/test_jax_distributed.py::test_equivalent_to_single[fsdp]",
+              "tests/mpi/test_wire_bytes.py"]  # bytes on the wire per step = theory
 
 
 @needs_root
 @needs_mpi
 def test_strategies_across_two_hosts_equal_single(hosts):
     """tests/mpi's equivalence tests, one rank per host: every check against `single` passes
-    with the messages crossing the emulated link (host 1's counters)."""
+    with the messages crossing the emulated link (host 1's counters), and each MPI strategy's
+    bytes on the wire per step equal its theory (tests/mpi/test_wire_bytes.py)."""
     which = ["tests/mpi"] if os.environ.get("JAXPAR_CLUSTER_TESTS") == "all" else CROSS_HOST
     received_before = _counter(hosts["hosts"][1], "rx_bytes")
     proc = subprocess.run(
