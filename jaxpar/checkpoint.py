@@ -261,8 +261,9 @@ class Checkpointer:
 
     def interrupted(self, folder: Path) -> Interrupted:
         name = signal.Signals(self.signum).name
-        return Interrupted(f"{name}: saved checkpoint {folder}; resume with the same command "
-                           f"plus --resume (--checkpoint-dir {self.directory})", self.signum)
+        how = ("the same command (--resume auto continues it)" if self.config.resume == RESUME_AUTO
+               else f"the same command plus --resume (--checkpoint-dir {self.directory})")
+        return Interrupted(f"{name}: saved checkpoint {folder}; resume with {how}", self.signum)
 
 
 def load(directory: str, step: int | None = None) -> tuple[dict[str, np.ndarray], dict]:

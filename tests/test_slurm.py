@@ -183,6 +183,6 @@ def test_a_requeued_job_resumes_and_ends_like_an_uninterrupted_run(env, tmp_path
     log = (tmp_path / "job.log").read_text()
     result = json.loads((tmp_path / "out/result.json").read_text())
     assert result["metrics"]["resumed_from_step"], log[-2000:]
-    assert "resumed from step" in log
+    assert "resumed from step" in log and "--resume auto continues it" in log
     uninterrupted = fit(with_options(TrainConfig(), **run)).result.metrics["final_loss"]
     assert result["metrics"]["final_loss"] == uninterrupted
