@@ -247,11 +247,12 @@ def on_host(i: int, argv: list[str]) -> list[str]:
             'hostname "$0" && exec "$@"', hosts[i], *argv]
 
 
-def mpiexec(ranks: int, argv: list[str], mpiexec_path: str | None = None) -> list[str]:
-    """The command line that launches `ranks` MPI ranks of `argv` round-robin over the hosts:
-    MPICH's mpiexec on host 0, each host's hydra proxy started through LAUNCHER."""
+def mpiexec(ranks: int, argv: list[str]) -> list[str]:
+    """The command line that launches `ranks` MPI ranks of `argv` over the hosts, in blocks
+    of ceil(ranks / hosts) (ranks 0.. on host 0, the next block on host 1, ...): this venv's
+    MPICH mpiexec on host 0, each host's hydra proxy started through LAUNCHER."""
     hosts = state()["hosts"]
-    exe = mpiexec_path or str(Path(sys.executable).parent / "mpiexec")
+    exe = str(Path(sys.executable).parent / "mpiexec")
     per_host = -(-ranks // len(hosts))
     return on_host(0, [exe, "-launcher", "ssh", "-launcher-exec", str(STATE / "ssh"),
                        "-hosts", ",".join(f"{h}:{per_host}" for h in hosts), *MPI_OVER_TCP,
@@ -275,7 +276,7 @@ def add_arguments(parser) -> None:
                              f"(default: {DEFAULT_BANDWIDTH})")
     parser.add_argument("--host", type=int, default=0, help="exec: which host (default: 0)")
     parser.add_argument("-n", type=int, default=DEFAULT_HOSTS, dest="ranks",
-                        help=f"mpiexec: how many ranks, round-robin over the hosts (default: {DEFAULT_HOSTS})")
+                        help=f"mpiexec: how many ranks, in equal blocks over the hosts (default: {DEFAULT_HOSTS})")
 
 
 def _launch(argv: list[str]) -> int:
