@@ -4,7 +4,8 @@ another host ends the job, and nothing is left behind however a run ends.
 
 Needs root and network namespaces (skipped with the reason otherwise). The cross-host
 launch runs a subset of tests/mpi (every MPI strategy, two jax.distributed ones, the bytes on
-the wire) to keep CI short; JAXPAR_CLUSTER_TESTS=all runs all of tests/mpi across the hosts (minutes).
+the wire) to keep CI short; JAXPAR_CLUSTER_TESTS=all runs all of tests/mpi across the hosts
+(minutes).
 
     python -m pytest -q tests/test_cluster.py
 """
