@@ -1,7 +1,8 @@
 # The two commands of README.md. Each does all set-up on a fresh machine:
 #   make run    train the default CNN on real Fashion-MNIST (creates .venv, installs, prepares data)
 #   make test   run the test suite (creates .venv, installs the test, mpi and demo extras
-#               and, as root, Debian's chromium for the demo's browser test)
+#               and, as root, Debian's chromium for the demo's browser test and slurm-wlm,
+#               munge and iproute2 for the emulated cluster's and SLURM's tests)
 # ARGS passes options through: make run ARGS="--model mlp --epochs 5"
 
 PYTHON ?= python3
@@ -10,7 +11,7 @@ PY     := $(VENV)/bin/python
 ARGS   ?=
 DEBIAN_FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: run test data install browser clean
+.PHONY: run test data install browser cluster-tools clean
 
 $(VENV)/.installed-%: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "jaxpar needs Python >= 3.11 (set PYTHON=python3.11)"'
@@ -65,8 +66,23 @@ browser:
 	  fi; \
 	fi
 
+# The emulated cluster's and SLURM's tests (tests/test_cluster.py, tests/test_slurm.py) need
+# iproute2 (ip, tc) and Debian's slurm-wlm and munge: installed when we may (root, apt-get),
+# else those tests are skipped and say what is missing.
+cluster-tools:
+	@if ! command -v tc >/dev/null || ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing iproute2, slurm-wlm and munge (the emulated cluster's and SLURM's tests)"; \
+	    (DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2 slurm-wlm munge >/dev/null 2>&1 || \
+	     (apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2 slurm-wlm munge >/dev/null 2>&1)) || \
+	    echo "apt-get could not install them; the cluster and SLURM tests will be skipped"; \
+	  else \
+	    echo "no tc/slurmctld/munged: the cluster and SLURM tests will be skipped (as root: apt-get install iproute2 slurm-wlm munge)"; \
+	  fi; \
+	fi
+
 MPI_RANKS ?= 2
-test: install $(VENV)/.mpi-installed $(VENV)/.demo-installed browser
+test: install $(VENV)/.mpi-installed $(VENV)/.demo-installed browser cluster-tools
 	$(PY) -m pytest -q $(ARGS)
 	JAX_PLATFORMS=cpu JAXPAR_EXPECT_RANKS=$(MPI_RANKS) timeout 600 \
 	  $(VENV)/bin/mpiexec -n $(MPI_RANKS) $(PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi

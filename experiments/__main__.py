@@ -15,8 +15,8 @@ import time
 import jax
 from rich.console import Console
 
-from experiments import (batch_size, bounds, demo, figures, hparam, peers, pipeline_study, predict,
-                         profile_cmd, scaling, strategies, time_to_accuracy)
+from experiments import (batch_size, bounds, cluster, demo, figures, hparam, peers, pipeline_study,
+                         predict, profile_cmd, scaling, strategies, time_to_accuracy)
 from experiments import report as docs_report  # not `report`: jaxpar.bench's printout
 from experiments.cli import BENCH, build_parser, config_from_args, options_from_args
 from experiments.options import BenchOptions
@@ -50,6 +50,9 @@ COMMANDS = {
     "plan": {"help": "rank every strategy and mesh for a model, N devices, a memory per device "
                      "and a link, marking what does not fit", "config": False,
              "options": predict.PlanOptions},
+    "cluster": {"help": "an emulated cluster on this machine (root): hosts as network namespaces "
+                        "joined by rate-limited links; run and launch commands on them",
+                "config": False, "extra": cluster.add_arguments},
     "demo": {"help": "local web page: train strategies live side by side, classify drawings with "
                      "the trained models, the study figures (needs the `demo` extra)", "config": False,
              "options": demo.DemoOptions},
@@ -70,8 +73,10 @@ USER_ERRORS = (UserError, ValueError)
 
 def run(argv: list[str]) -> int:
     results.capture_provenance()  # the revision every command and study starts from
-    args = build_parser(COMMANDS).parse_args(argv)
+    args = build_parser(COMMANDS).parse_args(argv) if argv[:1] != ["cluster"] else None
     try:
+        if args is None:  # its own parser: the command after -- passes through untouched
+            return cluster.main(argv[1:])
         if args.command in STUDIES:
             study = STUDIES[args.command]
             config = options_from_args(args, study.quick if args.quick else study.config())

@@ -28,7 +28,7 @@ _SCALARS = {"int": int, "float": float, "str": str}
 
 def _kind(f: dataclasses.Field) -> tuple[str, type | None]:
     """('bool' | 'scalar' | 'list', element type) of a field, from its annotation."""
-    kind = str(f.type).replace(" ", "").replace("|None", "")
+    kind = str(f.type).replace(" ", "").replace("|None", "").replace("bool|str", "bool")
     if kind.startswith("tuple["):  # tuple[int, ...]: comma-separated on the command line
         return "list", _SCALARS[kind[len("tuple["):].split(",")[0]]
     return ("bool", None) if kind == "bool" else ("scalar", _SCALARS[kind])
@@ -51,13 +51,34 @@ def _add(group, f: dataclasses.Field, default: Any, suppress: bool) -> None:
     help_text = help_text.replace("%", "%%")
     stored = argparse.SUPPRESS if suppress else default
     if kind == "bool":
+        words = f.metadata.get("words")
         group.add_argument(flag(f.name), default=stored, help=help_text,
-                           action=argparse.BooleanOptionalAction)
+                           **({"action": FlagOrWord, "words": words} if words else
+                              {"action": argparse.BooleanOptionalAction}))
         return
     choices = _choices(f) if kind == "scalar" else None
     group.add_argument(flag(f.name), default=stored, type=str if kind == "list" else element,
                        choices=choices, help=help_text,
                        metavar=("A,B,..." if kind == "list" else None if choices else f.name.upper()))
+
+
+class FlagOrWord(argparse.BooleanOptionalAction):
+    """--x (True), --no-x (False), or --x WORD for one of the field's `words` (--resume auto)."""
+
+    def __init__(self, *args, words: tuple[str, ...], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.nargs, self.words = "?", words
+        self.metavar = "|".join(words)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values is None:
+            return super().__call__(parser, namespace, values, option_string)
+        if option_string.startswith("--no-"):
+            parser.error(f"{option_string} takes no value (got {values!r})")
+        if values not in self.words:
+            parser.error(f"{option_string} takes no value or one of: {', '.join(self.words)} "
+                         f"(got {values!r})")
+        setattr(namespace, self.dest, values)
 
 
 class Parser(argparse.ArgumentParser):

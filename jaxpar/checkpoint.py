@@ -31,11 +31,12 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxpar.config import TrainConfig, to_dict
+from jaxpar.config import RESUME_AUTO, TrainConfig, to_dict
 from jaxpar.distributed import mpi_rank
 from jaxpar.errors import ConfigError
 
 FORMAT = "jaxpar-checkpoint-v1"
+TMP_MARK = ".orbax-checkpoint-tmp"  # in the name of a folder orbax has not finished writing
 # Options that may change between a run and its resume: where and how it is placed
 # (the point of reference-layout checkpoints), and bookkeeping that does not touch the
 # numbers. Everything else (data, model, optimizer, seed, length) fixes the trajectory.
@@ -114,12 +115,15 @@ class Checkpointer:
         self.last_saved: int | None = None
         self._handlers: dict[int, Any] = {}
         steps = self._complete_steps()
-        if config.resume and not steps:
+        # --resume auto: continue when a checkpoint is there, else start (a requeued job).
+        self.resuming = bool(steps) if config.resume == RESUME_AUTO else bool(config.resume)
+        if config.resume is True and not steps:
             what = "does not exist" if not self.directory.exists() else (
                 "holds no jaxpar checkpoint" if any(self.directory.iterdir()) else "is empty")
             raise CheckpointError(f"--checkpoint-dir {str(self.directory)!r} {what}; drop "
-                                  "--resume to start a new run there")
-        if not config.resume and self.directory.exists() and any(self.directory.iterdir()):
+                                  f"--resume to start a new run there (--resume {RESUME_AUTO} starts "
+                                  "or continues)")
+        if not self.resuming and self._used():
             latest = f" (latest step {steps[-1]})" if steps else ""
             raise CheckpointError(f"--checkpoint-dir {str(self.directory)!r} is not empty{latest}; "
                                   "pass --resume to continue it or choose an empty --checkpoint-dir")
@@ -128,6 +132,15 @@ class Checkpointer:
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         # Each MPI rank its own JAX runtime: orbax on every rank would write the same folders.
         self.writes = jax.process_count() > 1 or mpi_rank()[0] == 0
+
+    def _used(self) -> bool:
+        """Whether the folder holds anything a new run must not write beside. Under --resume
+        auto a first save that a kill interrupted (orbax's temporary folder) is not: the
+        requeued job starts again."""
+        if not self.directory.is_dir():
+            return False
+        ignored = TMP_MARK if self.config.resume == RESUME_AUTO else None
+        return any(ignored is None or ignored not in p.name for p in self.directory.iterdir())
 
     def _complete_steps(self) -> list[int]:
         """Steps whose folder orbax finished (renamed from its temporary name)."""
@@ -248,8 +261,9 @@ class Checkpointer:
 
     def interrupted(self, folder: Path) -> Interrupted:
         name = signal.Signals(self.signum).name
-        return Interrupted(f"{name}: saved checkpoint {folder}; resume with the same command "
-                           f"plus --resume (--checkpoint-dir {self.directory})", self.signum)
+        how = ("the same command (--resume auto continues it)" if self.config.resume == RESUME_AUTO
+               else f"the same command plus --resume (--checkpoint-dir {self.directory})")
+        return Interrupted(f"{name}: saved checkpoint {folder}; resume with {how}", self.signum)
 
 
 def load(directory: str, step: int | None = None) -> tuple[dict[str, np.ndarray], dict]:

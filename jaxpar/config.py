@@ -26,6 +26,8 @@ AT_LEAST_1 = Rule(lambda v: v >= 1, "a whole number >= 1")
 # `math.isfinite` first: NaN fails every comparison, but an infinite lr would pass `> 0`.
 POSITIVE = Rule(lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 MOMENTUM = Rule(lambda v: math.isfinite(v) and 0 <= v < 1, "a number in [0, 1)")
+RESUME_AUTO = "auto"
+RESUME = Rule(lambda v: v in (True, False, RESUME_AUTO), f"--resume, --no-resume or --resume {RESUME_AUTO}")
 FRACTION = Rule(lambda v: math.isfinite(v) and 0 < v <= 1, "a fraction in (0, 1], e.g. 0.85")
 
 
@@ -105,7 +107,8 @@ class TrainConfig:
     progress: bool = _opt(True, "show a live progress bar")
     checkpoint_dir: str | None = _opt(None, "save orbax checkpoints here (reference layout: resumable under any strategy or mesh)")
     checkpoint_every: int | None = _opt(None, "checkpoint every N steps (default: only at the end, on SIGTERM and on Ctrl-C)", valid=AT_LEAST_1)
-    resume: bool = _opt(False, "continue from the latest complete checkpoint in --checkpoint-dir")
+    # "auto": one command both starts and continues a run, as a requeued or preempted job needs.
+    resume: bool | str = _opt(False, "continue from the latest complete checkpoint in --checkpoint-dir; --resume auto: continue when there is one, else start there", valid=RESUME, words=(RESUME_AUTO,))
     # A file, not stdout: the progress bar and errors stay readable, and a reader (the demo)
     # follows one process's records without parsing terminal output.
     events: str | None = _opt(None, "append one JSON object per line to this file: a start record (compile time, collective bytes, memory per device), one per logged step, one per validation and an end record (result path)")

@@ -34,7 +34,9 @@ def launcher() -> str | None:
     else None."""
     if os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE") or os.environ.get("PMI_RANK"):
         return "mpi"
-    if os.environ.get("SLURM_NTASKS") and os.environ.get("SLURM_PROCID"):
+    # SLURM_STEP_NUM_TASKS, not SLURM_NTASKS: srun sets both, but a batch script (one process,
+    # which then runs srun or not) has SLURM_NTASKS and SLURM_PROCID of its own.
+    if int(os.environ.get("SLURM_STEP_NUM_TASKS") or 1) > 1 and os.environ.get("SLURM_PROCID"):
         return "slurm"
     return None
 
@@ -42,7 +44,7 @@ def launcher() -> str | None:
 def mpi_rank() -> tuple[int, int]:
     """(rank, size) from the launcher's environment, without importing MPI; (0, 1) alone."""
     for rank_key, size_key in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-                               ("PMI_RANK", "PMI_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
+                               ("PMI_RANK", "PMI_SIZE"), ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS")):
         if os.environ.get(size_key):
             return int(os.environ.get(rank_key, 0)), int(os.environ[size_key])
     return 0, 1

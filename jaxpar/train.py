@@ -236,7 +236,7 @@ def set_up(config: TrainConfig, console=None) -> tuple[Run, LoopState]:
               console=console, sync_every=sync_interval())
     tx = make_optimizer(config.optim, total_steps)
     loop = LoopState(state=strategy.init(build_model(config), tx, mesh))
-    if ckpt is not None and config.resume:
+    if ckpt is not None and ckpt.resuming:
         resume(run, loop)
     # A run resumed after it reached the target has nothing left to train.
     loop.reached = first_reaching(loop.history, config.target_accuracy)

@@ -223,3 +223,47 @@ def test_bad_resume_inputs_are_refused_and_nothing_is_written(tmp_path):
     rc = run_cli("train", *TINY, "--steps", "10", "--resume", "--out", str(tmp_path / "o"))
     assert rc.returncode == 2 and "--resume needs --checkpoint-dir" in rc.stderr
 
+
+
+def test_resume_auto_starts_then_continues_and_refuses_another_run(tmp_path):
+    """--resume auto: one command for a job that may be requeued. It starts where there is
+    nothing to resume (no folder; only a first save a kill interrupted), continues where
+    there is a checkpoint (ending where the uninterrupted run ends), and still refuses a
+    checkpoint of a different run, or a folder holding something else."""
+    full = fit(tiny(tmp_path / "full", checkpoint_every=10, eval_every=10))
+    auto = tiny(tmp_path / "auto", checkpoint_every=10, eval_every=10, resume="auto")
+    assert fit(with_options(auto, steps=30)).result.metrics["resumed_from_step"] is None
+    shutil.rmtree(tmp_path / "auto" / "30")  # as if the job died after step 20's checkpoint
+    resumed = fit(auto)
+    assert resumed.result.metrics["resumed_from_step"] == 20
+    assert resumed.result.metrics["final_loss"] == full.result.metrics["final_loss"]
+    assert_same_state(ckptlib.load(str(tmp_path / "full"))[0], ckptlib.load(str(tmp_path / "auto"))[0])
+
+    with pytest.raises(ckptlib.CheckpointError, match=r"--width 32 \(now 64\)"):
+        fit(with_options(auto, width=64))
+    interrupted = tmp_path / "interrupted"  # killed during its first save
+    (interrupted / f"10{ckptlib.TMP_MARK}-123").mkdir(parents=True)
+    assert fit(tiny(interrupted, steps=10, resume="auto")).result.metrics["resumed_from_step"] is None
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(ckptlib.CheckpointError, match="is not empty"):
+        fit(tiny(foreign, resume="auto"))
+    with pytest.raises(ValueError, match="--resume, --no-resume or --resume auto"):
+        fit(tiny(foreign, resume="yes"))
+
+
+def test_resume_auto_on_the_command_line(capsys):
+    from experiments.__main__ import COMMANDS
+    from experiments.cli import build_parser, config_from_args
+
+    def resume(*flags):
+        return config_from_args(build_parser(COMMANDS).parse_args(["train", *flags])).resume
+
+    assert (resume("--resume", "auto"), resume("--resume"), resume("--no-resume"), resume()) == \
+        ("auto", True, False, False)
+    for bad, says in ((["--resume", "always"], "--resume takes no value or one of: auto"),
+                      (["--no-resume", "auto"], "--no-resume takes no value")):
+        with pytest.raises(SystemExit) as exit_:
+            resume(*bad)
+        assert exit_.value.code == 2 and says in capsys.readouterr().err

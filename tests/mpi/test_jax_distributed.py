@@ -8,6 +8,7 @@ global batch (the equivalence protocol).
 """
 
 import os
+import socket
 
 import jax
 import pytest
@@ -21,6 +22,13 @@ def test_world_size_is_what_was_launched(comm):
                    or os.environ.get("OMPI_COMM_WORLD_SIZE") or 0)
     assert expected >= 2, "launch with mpiexec -n N (N >= 2), or set JAXPAR_EXPECT_RANKS"
     assert comm.Get_size() == expected
+
+
+def test_ranks_are_on_the_hosts_launched(comm):
+    """One host unless JAXPAR_EXPECT_HOSTS says more (tests/test_cluster.py launches over
+    emulated hosts): a launch that stayed on one host would never cross the network."""
+    hosts = comm.allgather(socket.gethostname())
+    assert len(set(hosts)) == int(os.environ.get("JAXPAR_EXPECT_HOSTS", "1")), hosts
 
 
 @pytest.mark.parametrize("strategy", ["dp-auto", "dp-shard-map", "fsdp", "local-sgd"])
