@@ -123,7 +123,7 @@ def pipeline_bytes(schedule: str, stages: int, micro: int, batch: int, width: in
 @pytest.mark.parametrize("stages,micro", [(2, 4), (4, 8)])
 def test_pipeline_sends_what_its_schedule_says(schedule, stages, micro):
     got = measured(stages, strategy="pipeline", mesh=f"stage={stages}", schedule=schedule,
-                   microbatches=micro, batch_size=64, **STACK)
+                   microbatches=micro, batch_size=64, pipeline_impl="spmd", **STACK)
     assert got == pipeline_bytes(schedule, stages, micro, 64, 64)
 
 
@@ -134,9 +134,12 @@ CNN_BOUNDARIES = [14 * 14 * 32, 7 * 7 * 64, 128]
 @requires_devices(4)
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_heterogeneous_stages_send_the_widest_boundary(schedule):
-    """Stages of different shapes send one buffer as wide as the widest boundary (padded)."""
+    """In one SPMD program, stages of different shapes send one buffer as wide as the widest
+    boundary (padded); the host-driven form sends each boundary's own shape
+    (tests/test_pipeline.py)."""
     got = measured(4, strategy="pipeline", mesh="stage=4", schedule=schedule, microbatches=4,
-                   batch_size=32, model="cnn", width=None, depth=None, stage_boundaries=(1, 2, 3))
+                   batch_size=32, model="cnn", width=None, depth=None, stage_boundaries=(1, 2, 3),
+                   pipeline_impl="spmd")
     assert got == pipeline_bytes(schedule, 4, 4, 32, max(CNN_BOUNDARIES))
 
 
