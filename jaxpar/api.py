@@ -71,8 +71,14 @@ def model_name(model: ModelLike, name: str | None = None) -> str:
             raise ConfigError(f"model {model!r} is already a name; drop name={name!r}")
         return model
     if isinstance(model, nnx.Module):
-        snapshot = nnx.clone(model)  # later changes to the caller's instance change no run
-        factory = lambda: nnx.clone(snapshot)  # noqa: E731  (its own parameters: no seed)
+        # A host copy: later changes to the caller's instance change no run, and a run (whose
+        # strategies donate their state's buffers) never deletes the caller's arrays.
+        graphdef, state = nnx.split(model)
+        host = jax.device_get(state)
+
+        def factory():  # the instance's own parameters: no seed
+            return nnx.merge(graphdef, jax.tree.map(jnp.asarray, host))
+
         return models.register_model(name or type(model).__name__, factory)
     if callable(model):
         return models.register_model(name or getattr(model, "__name__", "model"), model)
