@@ -206,3 +206,22 @@ def test_a_data_parallel_strategy_needs_no_layers():
 def test_an_unknown_option_is_a_config_error():
     with pytest.raises(ConfigError, match="unknown option 'epoch'"):
         jaxpar.fit(TinyNet, arrays(), epoch=3)
+
+
+def test_mnist_from_a_data_dir_reads_back_through_tfds(tmp_path):
+    """MNIST is supported through --data-dir (here: IDX files the test writes; the real ones
+    from the URL in README.md); its prepared TFDS copy is also a `Dataset.from_tfds`."""
+    from idx_files import write_dataset
+
+    want = write_dataset(tmp_path / "idx")
+    cfg = datalib.DataConfig(dataset="mnist", data_dir=str(tmp_path / "idx"),
+                             cache_dir=str(tmp_path / "cache"), val_size=0, batch_size=16)
+    loaded = datalib.load(cfg, seed=0)  # prepares the TFDS copy, as `train --dataset mnist` does
+    data = jaxpar.Dataset.from_tfds("jaxpar_mnist", data_dir=datalib.cache_dir(cfg))
+    for split in (loaded.train, loaded.test):
+        assert split[0].shape[1:] == (28, 28, 1)
+    np.testing.assert_array_equal(data.test[0][..., 0], want["test"][0])
+    np.testing.assert_array_equal(data.train[1], loaded.train[1])
+    assert data.spec == ((28, 28, 1), int(max(want["train"][1].max(), want["test"][1].max())) + 1)
+    with pytest.raises(DataError, match="cannot be read from"):
+        jaxpar.Dataset.from_tfds("jaxpar_mnist", data_dir=str(tmp_path / "nothing"))
