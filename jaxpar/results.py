@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxpar import mesh, provenance
+from jaxpar.distributed import mpi_rank
 from jaxpar.errors import ResultsError
 
 # Read where a run starts from (revision, dirty diff, data source): see jaxpar/provenance.py.
@@ -150,8 +151,6 @@ def load(path: str | os.PathLike) -> RunResult:
 
 def _mpi_ranks() -> int:
     """Processes in the launch (mpiexec/srun), whether or not JAX joined them."""
-    from jaxpar.distributed import mpi_rank
-
     return mpi_rank()[1]
 
 
