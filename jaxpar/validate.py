@@ -189,9 +189,9 @@ def layer_problems(config: TrainConfig, model, x, logits_shape) -> list[str]:
     if not layers or not all(isinstance(layer, Layer) for layer in layers):
         return [f"{need}; its layers() returned {type(layers).__name__} of "
                 f"{sorted({type(layer).__name__ for layer in layers or []})}."]
-    paths = [tuple(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))) for k in path)
-             for path, _ in jax.tree_util.tree_leaves_with_path(
-                 nnx.to_pure_dict(nnx.state(model)))]
+    # The state as stages see it: nested dicts whose keys are attribute names and list indices.
+    paths = [tuple(k.key for k in path) for path, _ in
+             jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(nnx.state(model)))]
     owned = [tuple(key) for layer in layers for key in layer.keys]
     orphans = [p for p in paths if not any(p[:len(k)] == k for k in owned)]
     if orphans:
