@@ -23,9 +23,22 @@ import jaxpar
 from jaxpar import api
 from jaxpar import data as datalib
 from jaxpar.errors import ConfigError, DataError, Diverged
+from jaxpar.models import MODELS
 from jaxpar.models.sequence import Layer, apply
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def registries_as_they_were():
+    """Models and datasets these tests pass are registered by name; other tests see only the
+    built-in ones."""
+    models, datasets = dict(MODELS), dict(datalib.REGISTERED)
+    yield
+    MODELS.clear()
+    MODELS.update(models)
+    datalib.REGISTERED.clear()
+    datalib.REGISTERED.update(datasets)
 
 
 class TinyNet(nnx.Module):
