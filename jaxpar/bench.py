@@ -5,7 +5,7 @@ peak; collective bytes and memory per device.
 
     python -m experiments bench --model cnn --batch-size 128 --strategy single
 
-Batches are synthetic (same shapes as the real data): the step's cost does not depend on
+Batches are synthetic (the shapes and classes of the run's dataset): the step's cost does not depend on
 pixel values, and a benchmark should not wait on data preparation.
 """
 
@@ -48,9 +48,9 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
                           f"or pipeline / gems with --pipeline-impl mpmd (not {strategy.name} "
                           f"as {getattr(strategy, 'implementation', 'one program')})")
     mesh = strategy.make_mesh(jax.devices())
-    batch_size = config.data.batch_size
+    batch_size, spec = config.data.batch_size, datalib.spec(config.data)
     datalib.check_batch_size(batch_size, batch_size, "benchmark")
-    images, labels = datalib.synthetic(batch_size, seed=0)
+    images, labels = datalib.synthetic(batch_size, 0, shape=spec.image_shape, classes=spec.num_classes)
     host_batch = {"image": images, "label": labels, "weight": np.ones(batch_size, np.float32)}
     k = config.parallel.steps_per_dispatch
     tx = make_optimizer(config.optim, total_steps=(warmup + iters) * k + 1)

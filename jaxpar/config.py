@@ -61,7 +61,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    optimizer: str = _opt("adam", "sgd | momentum | adam")
+    optimizer: str = _opt("adam", "sgd | momentum | adam | adagrad | rmsprop (optax's defaults)")
     # 3e-3: in 6 epochs of cosine decay the default CNN reaches 92.6% test accuracy (seeds 0-2:
     # 92.56/92.60/92.58%; 2e-3: 92.1%; 1e-3 took 15 epochs to 92.55%) and the MLP 89.1%.
     lr: float = _opt(3e-3, "peak learning rate", valid=POSITIVE)

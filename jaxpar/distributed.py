@@ -28,6 +28,25 @@ INIT_TIMEOUT_S = 30
 HEARTBEAT_TIMEOUT_S = 10
 SHUTDOWN_TIMEOUT_S = 10
 
+INSTALL_HINT = (
+    "install the `mpi` extra: `make test` does it, or `pip install mpi4py mpich` then "
+    "`MPI4JAX_BUILD_MPICC=$VENV/bin/mpicc CUDA_PATH=<an empty folder> pip install --no-cache-dir mpi4jax`")
+
+
+def import_mpi():
+    """(MPI, mpi4jax) modules, or a ConfigError saying how to install them. Imported when
+    asked: both are optional (the `mpi` extra), and mpi4py starts MPI when imported.
+
+    Returns:
+      (mpi4py.MPI, mpi4jax)
+    """
+    try:
+        from mpi4py import MPI
+        import mpi4jax
+    except (ImportError, RuntimeError) as error:  # RuntimeError: mpi4jax built against another MPI
+        raise ConfigError(f"the MPI strategies need mpi4py and mpi4jax ({error}); {INSTALL_HINT}") from error
+    return MPI, mpi4jax
+
 
 def launcher() -> str | None:
     """'mpi' when started by mpiexec/mpirun (MPICH's PMI or OpenMPI's env), 'slurm' under srun,
@@ -140,8 +159,6 @@ def initialize(mode: str) -> None:
         return
     if kind != "mpi":
         raise ConfigError(f"--distributed {mode!r}: choose {', '.join(MODES)}")
-    from jaxpar.parallel.mpi_common import import_mpi
-
     MPI, _ = import_mpi()
     comm = MPI.COMM_WORLD
     # Rank 0's address and a free port, broadcast by us: JAX's own mpi4py detection runs MPI

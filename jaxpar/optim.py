@@ -6,7 +6,7 @@ import optax
 
 from jaxpar.config import OptimConfig
 
-OPTIMIZERS = ("sgd", "momentum", "adam")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad", "rmsprop")
 SCHEDULES = ("constant", "cosine", "warmup-cosine")
 
 
@@ -32,4 +32,10 @@ def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransfor
         return optax.sgd(lr, momentum=cfg.momentum)
     if cfg.optimizer == "adam":
         return optax.adam(lr)
+    # AdaGrad and RMSProp with optax's defaults (AdaGrad's accumulator starts at 0.1, RMSProp
+    # decays at 0.9): the seeds compare SGD, Adam and AdaGrad as the libraries ship them.
+    if cfg.optimizer == "adagrad":
+        return optax.adagrad(lr)
+    if cfg.optimizer == "rmsprop":
+        return optax.rmsprop(lr)
     raise ValueError(f"unknown --optimizer {cfg.optimizer!r}; choices: {', '.join(OPTIMIZERS)}")

@@ -4,8 +4,8 @@ A Python process runs the code it imported when it started, so the revision is r
 at the start of a run (`capture`, called first thing by the CLI, `train` and `bench`), and
 every result the process writes reports that reading, not the tree at write time. A dirty
 tree records the SHA-256 of its diff (`git diff HEAD`); `write_diff_beside` puts the diff
-itself next to the results file. The data source names the files a run read and their
-checksums.
+itself next to the results file. The data source names the files a run read (relative to
+the working folder) and their checksums, or the arrays it was given and theirs.
 
     provenance.capture(config.data)     # at the start of a run
     provenance.environment_fields()     # -> the git_* and data_source fields of results' env
@@ -19,6 +19,8 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from jaxpar import data as datalib
 from jaxpar.errors import DataError
@@ -130,9 +132,28 @@ def sha256_file(path: str | os.PathLike) -> str:
     return _file_hashes[key]
 
 
+def relative(path: str | os.PathLike | None) -> str | None:
+    """`path` relative to the working folder: results name no folder of the machine that wrote
+    them (a reader resolves them from where the command ran)."""
+    return None if path is None else os.path.relpath(path)
+
+
 def _files(paths) -> dict[str, dict[str, Any]]:
-    return {Path(p).name: {"path": str(p), "bytes": Path(p).stat().st_size, "sha256": sha256_file(p)}
-            for p in paths}
+    return {Path(p).name: {"path": relative(p), "bytes": Path(p).stat().st_size,
+                           "sha256": sha256_file(p)} for p in paths}
+
+
+def arrays_source(dataset: datalib.Dataset) -> dict[str, Any]:
+    """A dataset passed as arrays: where they came from, their sizes and a checksum of their
+    bytes (images and labels of both splits, in order)."""
+    digest = hashlib.sha256()
+    for images, labels in (dataset.train, dataset.test):
+        digest.update(np.ascontiguousarray(images).data)
+        digest.update(np.ascontiguousarray(labels).data)
+    return {"dataset": dataset.name, "source": dataset.source,
+            "train_examples": len(dataset.train[1]), "test_examples": len(dataset.test[1]),
+            "image_shape": list(dataset.spec.image_shape), "num_classes": dataset.num_classes,
+            "sha256": digest.hexdigest()}
 
 
 def data_source(data) -> dict[str, Any]:
@@ -144,6 +165,8 @@ def data_source(data) -> dict[str, Any]:
     none on disk, so the copy came from a download). A copy the run prepares itself is read
     again when the result is written.
     """
+    if data.dataset in datalib.REGISTERED:
+        return arrays_source(datalib.REGISTERED[data.dataset])
     if data.dataset == "synthetic":
         return {"dataset": "synthetic", "generated": "jaxpar.data.synthetic (seeded; no files)",
                 "synthetic_size": data.synthetic_size}
@@ -157,6 +180,7 @@ def data_source(data) -> dict[str, Any]:
     versions = sorted(root.glob(f"jaxpar_{data.dataset}/*/dataset_info.json"))
     if versions:
         folder = versions[-1].parent
-        prepared = {"folder": str(folder),
+        prepared = {"folder": relative(folder),
                     "files": _files(sorted(p for p in folder.iterdir() if "array_record" in p.name))}
-    return {"dataset": data.dataset, "data_dir": data.data_dir, "idx_files": idx, "prepared": prepared}
+    return {"dataset": data.dataset, "data_dir": relative(data.data_dir), "idx_files": idx,
+            "prepared": prepared}

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxpar import mesh, provenance
+from jaxpar.distributed import mpi_rank
 from jaxpar.errors import ResultsError
 
 # Read where a run starts from (revision, dirty diff, data source): see jaxpar/provenance.py.
@@ -44,7 +45,9 @@ class RunResult:
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=False, default=_jsonable)
+        d = dataclasses.asdict(self)
+        d["config"] = portable_paths(d["config"])
+        return json.dumps(d, indent=2, sort_keys=False, default=_jsonable)
 
     @classmethod
     def from_json(cls, text: str) -> "RunResult":
@@ -54,6 +57,28 @@ class RunResult:
                 f"results schema_version {d.get('schema_version')} is not {SCHEMA_VERSION}; "
                 "re-run the experiment that wrote it")
         return cls(**d)
+
+
+# The paths a run's config names: a result records them relative to the working folder.
+PATH_FIELDS = (("out",), ("checkpoint_dir",), ("events",), ("data", "data_dir"), ("data", "cache_dir"))
+
+
+def portable_paths(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` (a result's, as a dict) with its paths relative to the working folder, so a
+    result names no folder of the machine that wrote it."""
+    out = {**config}
+    for path in PATH_FIELDS:
+        holder = out
+        for key in path[:-1]:
+            if not isinstance(holder.get(key), dict):
+                break
+            copy = {**holder[key]}  # the caller's dict stays as it was
+            holder[key] = copy
+            holder = copy
+        else:
+            if isinstance(holder.get(path[-1]), str):
+                holder[path[-1]] = provenance.relative(holder[path[-1]])
+    return out
 
 
 def _jsonable(x: Any) -> Any:
@@ -126,8 +151,6 @@ def load(path: str | os.PathLike) -> RunResult:
 
 def _mpi_ranks() -> int:
     """Processes in the launch (mpiexec/srun), whether or not JAX joined them."""
-    from jaxpar.distributed import mpi_rank
-
     return mpi_rank()[1]
 
 

@@ -5,7 +5,7 @@ combined (a collective, a pipeline schedule, a parameter server), never what the
 so every strategy trains the same model the same way.
 
 A batch is a dict of host or device arrays:
-    image  uint8   [B, 28, 28, 1]   normalised on device (uint8 crosses the bus: 4x fewer bytes)
+    image  uint8   [B, H, W, C]     normalised on device (uint8 crosses the bus: 4x fewer bytes)
     label  int32   [B]
     weight float32 [B]             1 for real examples, 0 for padding (uneven shards, last
                                    eval batch); the loss is sum(w * l) / sum(w)

@@ -62,8 +62,9 @@ def make_strategy(config: TrainConfig):
 
 
 def build_model(config: TrainConfig):
-    """The model `config` describes, its parameters seeded by `config.seed`."""
-    return models.from_config(config.model, config.seed)
+    """The model `config` describes, its parameters seeded by `config.seed`, for the images
+    and classes of its dataset."""
+    return models.from_config(config.model, config.seed, datalib.spec(config.data))
 
 
 def evaluate(strategy, state, split, batch_size: int) -> dict[str, float]:

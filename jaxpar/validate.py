@@ -14,25 +14,46 @@ combinations: the strategy takes the model, the mesh fits the devices, and the s
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import Callable
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from jaxpar import config as configlib
+from jaxpar import data as datalib
 from jaxpar.config import TrainConfig
-from jaxpar.data import DATASETS
 from jaxpar.distributed import MODES
 from jaxpar.errors import ConfigError, MeshError
 from jaxpar import measure
-from jaxpar.models import ACTIVATIONS, CONV_IMPLS, MODELS, OPTIONS, abstract_model, takes
+from jaxpar.mesh import STAGE
+from jaxpar.models import ACTIVATIONS, BUILTIN, CONV_IMPLS, MODELS, OPTIONS, abstract_model, takes
+from jaxpar.models.sequence import Layer, apply
 from jaxpar.optim import OPTIMIZERS, SCHEDULES
 from jaxpar.parallel import STRATEGIES
 from jaxpar.parallel.pipeline_common import PIPELINE_IMPLS
 from jaxpar.parallel.schedules import SCHEDULES as PIPELINE_SCHEDULES
 
+
+class Live(Sequence):
+    """A list of choices read when it is used: registries grow after import (a model or
+    dataset registered through `jaxpar.api`)."""
+
+    def __init__(self, read: Callable[[], tuple[str, ...]]):
+        self.read = read
+
+    def __getitem__(self, i):
+        return self.read()[i]
+
+    def __len__(self) -> int:
+        return len(self.read())
+
+
 # Fields whose values come from a fixed list; each list lives with the code that uses it.
-CHOICES: dict[str, tuple[str, ...]] = {
-    "dataset": DATASETS, "model": tuple(MODELS), "strategy": tuple(STRATEGIES),
+CHOICES: dict[str, Sequence[str]] = {
+    "dataset": Live(datalib.dataset_names), "model": Live(lambda: tuple(MODELS)),
+    "strategy": tuple(STRATEGIES),
     "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES, "activation": tuple(ACTIVATIONS),
     "schedule": tuple(PIPELINE_SCHEDULES), "distributed": MODES, "conv_impl": CONV_IMPLS,
     "pipeline_impl": PIPELINE_IMPLS,
@@ -116,14 +137,78 @@ def combination_problems(config: TrainConfig, devices: int) -> list[str]:
         axes = strategy.mesh_axes(config.parallel.mesh, devices)
     except (ConfigError, MeshError) as e:
         return problems + [str(e).rstrip(".") + "."]
-    return problems + strategy.check(config, axes) + memory_problems(config)
+    fit = model_problems(config)  # a strategy's own check traces the model: it must fit first
+    return problems + (fit or strategy.check(config, axes) + memory_problems(config))
+
+
+def needs_layers(strategy: str) -> bool:
+    """Whether `strategy` cuts the model into stages of consecutive layers (`model.layers()`)."""
+    cls = STRATEGIES[strategy]
+    return STAGE in (*cls.axes, *cls.default_axes)
+
+
+def model_problems(config: TrainConfig) -> list[str]:
+    """A registered model or dataset checked against each other, shapes only: the model takes
+    the dataset's images and gives one logit per class, and lists its layers when the
+    strategy cuts it into stages. (The built-in models fit the built-in datasets.)"""
+    m, spec = config.model.model, datalib.spec(config.data)
+    if m in BUILTIN and config.data.dataset not in datalib.REGISTERED:
+        return []
+    try:
+        model = abstract_model(config.model, spec)
+    except Exception as e:  # the user's constructor: any error, reported with what it was given
+        return [f"building --model {m} for {spec.num_classes} classes failed "
+                f"({type(e).__name__}: {e})."]
+    x = jax.ShapeDtypeStruct((2, *spec.image_shape), jnp.float32)
+    graphdef, state = nnx.split(model)
+    contract = (f"a model is called as model(images, train=bool) on float32 images "
+                f"[B, {', '.join(map(str, spec.image_shape))}] and returns logits [B, {spec.num_classes}]")
+    try:
+        out = jax.eval_shape(lambda s, h: nnx.merge(graphdef, s)(h, train=False), state, x)
+    except Exception as e:  # the user's __call__: its own error says what did not fit
+        return [f"--model {m} cannot take --dataset {config.data.dataset}'s images: {contract}; "
+                f"calling it failed ({type(e).__name__}: {str(e).splitlines()[0][:300]})."]
+    if getattr(out, "shape", None) != (2, spec.num_classes):
+        return [f"--model {m} returned {getattr(out, 'shape', type(out).__name__)} for 2 images "
+                f"of --dataset {config.data.dataset}: {contract}."]
+    if needs_layers(config.parallel.strategy):
+        return layer_problems(config, model, x, out.shape)
+    return []
+
+
+def layer_problems(config: TrainConfig, model, x, logits_shape) -> list[str]:
+    """What stops a model-parallel strategy from cutting the model into stages: a missing or
+    wrong `layers()` (docs/library.md, "Model-parallel strategies")."""
+    m, strategy = config.model.model, config.parallel.strategy
+    need = (f"--strategy {strategy} cuts the model into stages, so --model {m} needs a method "
+            f"layers() returning a list of jaxpar.models.sequence.Layer(name, keys, fn) whose fns, "
+            f"applied in order as fn(h, train), equal its __call__ and whose keys (paths such as "
+            f"('fc1',) or ('blocks', 0)) cover all its state (parameters, batch-norm statistics; docs/library.md)")
+    if not callable(getattr(model, "layers", None)):
+        return [f"{need}; it has no layers() method (data-parallel strategies need none)."]
+    layers = model.layers()
+    if not layers or not all(isinstance(layer, Layer) for layer in layers):
+        return [f"{need}; its layers() returned {type(layers).__name__} of "
+                f"{sorted({type(layer).__name__ for layer in layers or []})}."]
+    # The state as stages see it: nested dicts whose keys are attribute names and list indices.
+    paths = [tuple(k.key for k in path) for path, _ in
+             jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(nnx.state(model)))]
+    owned = [tuple(key) for layer in layers for key in layer.keys]
+    orphans = [p for p in paths if not any(p[:len(k)] == k for k in owned)]
+    if orphans:
+        return [f"{need}; no layer's keys hold {', '.join(map(str, orphans[:3]))}."]
+    graphdef, state = nnx.split(model)
+    out = jax.eval_shape(lambda s, h: apply(nnx.merge(graphdef, s).layers(), h), state, x)
+    if out.shape != logits_shape:
+        return [f"{need}; applied in order they give {out.shape}, not the logits' {logits_shape}."]
+    return []
 
 
 def memory_problems(config: TrainConfig) -> list[str]:
     """A model whose parameters alone (shapes traced, nothing allocated) outgrow the memory of
     one device: refused here rather than failing deep inside XLA's allocator."""
     m = config.model
-    need = measure.tree_bytes(nnx.state(abstract_model(m), nnx.Param))
+    need = measure.tree_bytes(nnx.state(abstract_model(m, datalib.spec(config.data)), nnx.Param))
     have = device_memory_bytes()
     if need > have:
         given = "".join(f" {flag(o)} {getattr(m, o)}" for o in ("width", "depth") if getattr(m, o))

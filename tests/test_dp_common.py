@@ -35,6 +35,14 @@ def test_equals_single_on_smaller_meshes(strategy, devices):
 
 
 @requires_devices(8)
+@pytest.mark.parametrize("optimizer", ["adagrad", "rmsprop"])
+def test_adaptive_optimizers_equal_single_with_sharded_state(optimizer):
+    """AdaGrad's and RMSProp's accumulators sharded by fsdp, at Adam's stated tolerance."""
+    got = eq.run(eq.config(strategy="fsdp", optimizer=optimizer, lr=1e-3), steps=5, devices=8)
+    eq.assert_equivalent(eq.reference(optimizer, lr=1e-3), got, tol=eq.ADAM_TOL)
+
+
+@requires_devices(8)
 @pytest.mark.parametrize("strategy", GRADIENT_AVERAGING)
 def test_adam_equals_single_at_stated_tolerance(strategy):
     got = eq.run(eq.config(strategy=strategy, optimizer="adam", lr=1e-3), steps=5, devices=8)

@@ -39,4 +39,37 @@ def test_bad_options_exit_2_with_the_fix(tmp_path, capsys):
     assert "--lrs takes comma-separated floats" in capsys.readouterr().err
     assert run(["hparam", "--devices", "3", "--out", str(tmp_path)]) == 2  # 16 trials
     assert "must divide the 16 trials" in capsys.readouterr().err
+    assert run(["hparam", "--search", "bayes", "--out", str(tmp_path)]) == 2
+    assert "--search 'bayes' is not one of: grid, random" in capsys.readouterr().err
+    assert run(["hparam", "--epochs", "0,2", "--out", str(tmp_path)]) == 2
+    assert "--epochs 0,2: each must be >= 1" in capsys.readouterr().err
     assert not (tmp_path / "hparam.json").exists()
+
+
+def test_random_search_over_epochs_and_learning_rate(tmp_path):
+    """Seed 003's search: epochs and learning rate, drawn at random. A trial of E epochs trains
+    E passes (vmapped: the first E of the longest), evaluated where its own epochs end."""
+    out = tmp_path / "hparam"
+    assert run(["hparam", "--quick", "--search", "random", "--trials", "8", "--epochs", "1,2",
+                "--lrs", "0.01,0.1", "--momenta", "0.9", "--depths", "1", "--batch-size", "500",
+                "--out", str(out)]) == 0
+    result = json.loads((out / "hparam.json").read_text())
+    config, (g,) = result["config"], result["metrics"]["groups"]
+    lrs = [lr for _, lr, _ in config["trial_list"]]
+    assert len(lrs) == 8 and all(0.01 <= lr <= 0.1 for lr in lrs) and len(set(lrs)) > 4
+    per_epoch = 11000 // 500  # synthetic: 12,000 examples less 1,000 for validation
+    assert config["trial_steps"] == [e * per_epoch for e in config["trial_epochs"]]
+    assert set(config["trial_epochs"]) <= {1, 2}
+    assert g["val_accuracy"] == g["val_accuracy_sequential"]  # each evaluated where it ends
+    for epochs, par, seq in zip(config["trial_epochs"], g["losses_vmapped"], g["losses_sequential"]):
+        ended = [s > epochs * per_epoch for s in g["loss_steps"]]
+        assert [v is None for v in par] == [v is None for v in seq] == ended
+        np.testing.assert_allclose([v for v in par if v is not None], [v for v in seq if v is not None],
+                                   rtol=1e-5, atol=1e-6)
+    best = g["best"]
+    assert best["epochs"] == config["trial_epochs"][best["trial"]] and best["val_accuracy"] == max(g["val_accuracy"])
+    # the same --search-seed draws the same trials
+    from experiments.hparam import QUICK, draws
+    import dataclasses
+    again = dataclasses.replace(QUICK, search="random", trials=8, epochs=(1, 2), lrs=(0.01, 0.1), momenta=(0.9,))
+    assert [list(t[:3]) for t in draws(again)] == config["trial_list"]

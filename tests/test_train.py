@@ -48,7 +48,8 @@ def test_steps_override_epochs():
 
 
 def test_every_optimizer_and_schedule_runs():
-    for opt, sched in [("sgd", "constant"), ("momentum", "cosine"), ("adam", "warmup-cosine")]:
+    for opt, sched in [("sgd", "constant"), ("momentum", "cosine"), ("adam", "warmup-cosine"),
+                       ("adagrad", "cosine"), ("rmsprop", "constant")]:
         warmup = 2 if sched == "warmup-cosine" else 0  # (warm-up applies to that schedule only)
         out = fit(tiny(steps=5, optimizer=opt, lr_schedule=sched, warmup_steps=warmup, lr=0.05))
         assert np.isfinite(out.result.metrics["final_loss"]), (opt, sched)

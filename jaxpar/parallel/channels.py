@@ -30,7 +30,6 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.mesh import TENSOR
-from jaxpar.data import IMAGE_SHAPE
 from jaxpar.models import CNN
 from jaxpar.models.resnet import BasicBlock
 
@@ -98,14 +97,14 @@ def cnn_layers(model: CNN) -> list:
     return [lambda h, train: layers[0](_varying(h), train), second, None, None]
 
 
-def collective_bytes(model, batch_local: int) -> int:
+def collective_bytes(model, batch_local: int, image_shape: tuple[int, ...]) -> int:
     """All-reduce operand bytes per training step of the channel split (one device): each
     pair's summed output forward, and its input gradient backward where one is needed."""
     # The model goes in as an argument, shapes only: its arrays may be donated by now, and a
     # layer closing over them would read them (the cpu convs index their kernels).
     graphdef, state = nnx.split(model)
     state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state)
-    total, h = 0, jax.ShapeDtypeStruct((batch_local, *IMAGE_SHAPE), jnp.float32)
+    total, h = 0, jax.ShapeDtypeStruct((batch_local, *image_shape), jnp.float32)
     for i, layer in enumerate(model.layers()):
         out = jax.eval_shape(lambda s, x, i=i: nnx.merge(graphdef, s).layers()[i](x, False), state, h)
         if isinstance(model, CNN) and i == 1:  # conv2's output, before pooling

@@ -46,7 +46,7 @@ class Gems(GemsFace, Pipeline):
         return self.name  # its table in schedules.TABLES
 
     def _stages(self, model) -> Stages:
-        return Stages(model, self.starts, self.rows,
+        return Stages(model, self.starts, self.rows, image_shape=self.image_shape,
                       replicas=lambda d: [d, schedules.stage_of(d, 1, self.S)])
 
     def _combine(self, grads, z_sum):

@@ -45,7 +45,7 @@ from jax.sharding import SingleDeviceSharding
 
 from jaxpar import measure
 from jaxpar import step as steplib
-from jaxpar.data import IMAGE_SHAPE
+from jaxpar import data as datalib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE
 from jaxpar.models import sequence
@@ -121,7 +121,8 @@ class HostPipeline(Strategy):
         self.keys = [[k for i in r for k in layers[i].keys] for r in self.ranges]
         self.names = [[layers[i].name for i in r] for r in self.ranges]
         # elements per example each stage hands to the next (shapes only)
-        h, self.boundaries = jax.ShapeDtypeStruct((1, *IMAGE_SHAPE), jnp.float32), []
+        image_shape = datalib.spec(self.config.data).image_shape
+        h, self.boundaries = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32), []
         for r in self.ranges[:-1]:
             h = jax.eval_shape(lambda x, r=r: sequence.apply([layers[i] for i in r], x), h)
             self.boundaries.append(h.size)

@@ -58,7 +58,7 @@ class Hybrid(Pipeline):
         return {**{a: 1 for a in meshlib.AXES if a not in axes}, **axes}
 
     def _stages(self, model) -> Stages:
-        return Stages(model, self.starts, self.rows, split=split_dim, degree=self.mesh.shape[TENSOR],
+        return Stages(model, self.starts, self.rows, image_shape=self.image_shape, split=split_dim, degree=self.mesh.shape[TENSOR],
                       split_layer=lambda m, i: megatron.split_layers(m)[i])
 
     def theory(self) -> dict[str, int]:

@@ -1,7 +1,8 @@
 """Shared MPI plumbing for the mpi4jax strategies.
 
 Their base class (one device per rank, the communicator), rank slicing of a global batch,
-world-size checks, and the install message when MPI is missing.
+world-size checks. (Importing MPI, with the install message when it is missing, lives in
+`jaxpar.distributed`, which joins ranks before any strategy exists.)
 
     mpiexec -n 2 python -m mpi4py -m experiments train --strategy mpi-allreduce
 """
@@ -14,28 +15,10 @@ from jax.flatten_util import ravel_pytree
 
 from jaxpar import mesh as meshlib
 from jaxpar import step as steplib
+from jaxpar.distributed import INSTALL_HINT, import_mpi  # noqa: F401  (the strategies' import)
 from jaxpar.measure import tree_bytes
 from jaxpar.errors import ConfigError
 from jaxpar.parallel.base import Strategy
-
-INSTALL_HINT = (
-    "install the `mpi` extra: `make test` does it, or `pip install mpi4py mpich` then "
-    "`MPI4JAX_BUILD_MPICC=$VENV/bin/mpicc CUDA_PATH=<an empty folder> pip install --no-cache-dir mpi4jax`")
-
-
-def import_mpi():
-    """(MPI, mpi4jax) modules, or a ConfigError saying how to install them.
-
-    Returns:
-      (mpi4py.MPI, mpi4jax)
-    """
-    try:
-        from mpi4py import MPI
-        import mpi4jax
-    except (ImportError, RuntimeError) as error:  # RuntimeError: mpi4jax built against another MPI
-        raise ConfigError(f"the MPI strategies need mpi4py and mpi4jax ({error}); {INSTALL_HINT}") from error
-    return MPI, mpi4jax
-
 
 class OnePerRank(Strategy):
     """Base of the mpi4jax strategies: one process per MPI rank, one device each; the ranks

@@ -11,7 +11,7 @@ stages differ in their layer counts when the layers differ in cost.
 
 `--stage-boundaries 2,5` overrides the cut: the first layer of each stage after the first.
 
-    layers = model_layers(config.model)               # [(name, flops per example), ...]
+    layers = model_layers(config.model, spec)         # [(name, flops per example), ...]
     starts = cut(config, stages=4)                    # (0, 2, 3, 5): stage s = [starts[s], starts[s+1])
 """
 
@@ -23,22 +23,29 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxpar import data as datalib
 from jaxpar.config import ModelConfig, TrainConfig
 from jaxpar.errors import ConfigError
-from jaxpar.data import IMAGE_SHAPE
-from jaxpar.models import abstract_model
+from jaxpar.models import MODELS, abstract_model
 from jaxpar.step import split_model
 
 
+def model_layers(model_config: ModelConfig, spec: datalib.Spec = datalib.BUILTIN_SPEC
+                 ) -> tuple[tuple[str, float], ...]:
+    """(name, training FLOPs per example) of each layer of the model `model_config` builds
+    for images of `spec` (the dataset's), from XLA's cost analysis of each layer's forward and
+    backward (shapes only: the model is traced with `nnx.eval_shape`, nothing is allocated).
+    Cached per model configuration, dataset spec and registered factory (a name registered
+    again is another model)."""
+    return _model_layers(model_config, spec, MODELS[model_config.model])
+
 
 @functools.lru_cache(maxsize=32)
-def model_layers(model_config: ModelConfig) -> tuple[tuple[str, float], ...]:
-    """(name, training FLOPs per example) of each layer of the model `model_config` builds,
-    from XLA's cost analysis of each layer's forward and backward (shapes only: the model is
-    traced with `nnx.eval_shape`, nothing is allocated). Cached per model configuration."""
-    model = abstract_model(model_config)
+def _model_layers(model_config: ModelConfig, spec: datalib.Spec, factory
+                  ) -> tuple[tuple[str, float], ...]:
+    model = abstract_model(model_config, spec)
     graphdef, params, rest = split_model(model)
-    h = jax.ShapeDtypeStruct((1, *IMAGE_SHAPE), jnp.float32)
+    h = jax.ShapeDtypeStruct((1, *spec.image_shape), jnp.float32)
     found = []
     for i, layer in enumerate(model.layers()):
         def run(p, x, r, i=i):
@@ -100,7 +107,7 @@ def boundary_problems(boundaries, names: list[str], stages: int) -> list[str]:
 def cut(config: TrainConfig, stages: int) -> tuple[int, ...]:
     """First layer of each stage: `--stage-boundaries` when given, else balanced by FLOPs.
     ConfigError naming the fix when the model cannot be cut so."""
-    layers = model_layers(config.model)
+    layers = model_layers(config.model, datalib.spec(config.data))
     boundaries = config.parallel.stage_boundaries
     problems = boundary_problems(boundaries, [n for n, _ in layers], stages)
     if problems:
@@ -112,7 +119,7 @@ def cut(config: TrainConfig, stages: int) -> tuple[int, ...]:
 
 def stage_costs(config: TrainConfig, starts: tuple[int, ...]) -> list[float]:
     """Training FLOPs per example of each stage of the cut `starts`."""
-    costs = [c for _, c in model_layers(config.model)]
+    costs = [c for _, c in model_layers(config.model, datalib.spec(config.data))]
     ends = (*starts[1:], len(costs))
     return [sum(costs[a:b]) for a, b in zip(starts, ends)]
 

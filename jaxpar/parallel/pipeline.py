@@ -32,10 +32,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxpar import data as datalib
 from jaxpar import mesh as meshlib
 from jaxpar import step as steplib
 from jaxpar.errors import ConfigError
-from jaxpar.mesh import DATA, STAGE, TENSOR
+from jaxpar.mesh import STAGE, TENSOR
 from jaxpar.parallel import layout, partition, processes, schedules
 from jaxpar.parallel.base import Strategy
 from jaxpar.parallel.layout import map_param_trees
@@ -101,7 +102,11 @@ class Pipeline(PipelineFace, Strategy):
         return self.config.parallel.schedule
 
     def _stages(self, model) -> Stages:
-        return Stages(model, self.starts, self.rows)
+        return Stages(model, self.starts, self.rows, image_shape=self.image_shape)
+
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        return datalib.spec(self.config.data).image_shape
 
     def _spec(self, kind: str) -> P:
         return P(STAGE, TENSOR) if kind == SPLIT else P(STAGE)

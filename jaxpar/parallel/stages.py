@@ -37,7 +37,7 @@ import numpy as np
 from flax import nnx
 
 from jaxpar import step as steplib
-from jaxpar.data import IMAGE_SHAPE
+from jaxpar.data import IMAGE_SHAPE  # the default image shape (a dataset's own: `image_shape`)
 from jaxpar.models.sequence import Key
 from jaxpar.parallel import layout
 
@@ -186,6 +186,7 @@ class Stages:
     """
 
     def __init__(self, model: nnx.Module, starts: tuple[int, ...], rows: int, *,
+                 image_shape: tuple[int, ...] = IMAGE_SHAPE,
                  replicas: Callable[[int], list[int]] = lambda d: [d],
                  split: Callable[[Key], int | None] = lambda path: None, degree: int = 1,
                  split_layer: Callable | None = None):
@@ -199,7 +200,7 @@ class Stages:
         self.state = FlatLayout(state, keys, replicas, split, degree)
         self.state_template = state
         # Per-example activation shapes: the image, then the output of each stage.
-        h = jax.ShapeDtypeStruct((1, *IMAGE_SHAPE), jnp.float32)
+        h = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
         self.shapes = [h.shape[1:]]
         for r in self.ranges:
             h = jax.eval_shape(lambda x, r=r: self._run(model, r, x, False), h)

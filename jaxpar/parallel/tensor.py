@@ -24,6 +24,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxpar import cost_strategies
+from jaxpar import data as datalib
 from jaxpar import mesh as meshlib
 from jaxpar import step as steplib
 from jaxpar import theory
@@ -119,7 +120,8 @@ class _TensorBase(Strategy):
     def theory(self) -> dict[str, int]:
         batch_local = self.config.data.batch_size // self.data
         if isinstance(self.model, (CNN, ResNet)):  # channel-split conv pairs
-            split = channels.collective_bytes(self.model, batch_local) if self.degree > 1 else 0
+            shape = datalib.spec(self.config.data).image_shape
+            split = channels.collective_bytes(self.model, batch_local, shape) if self.degree > 1 else 0
             return {"total": split + (self.param_bytes + 3 * theory.F32 if self.data > 1 else 0)}
         total = theory.tensor_collective_bytes(
             batch_local=batch_local, width=self.model.blocks[0].up.in_features,
