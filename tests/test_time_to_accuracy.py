@@ -10,6 +10,7 @@ import pytest
 
 RESNET_TARGET = 0.85  # TODO
 
+from experiments import tables
 from experiments.__main__ import run
 
 
@@ -54,6 +55,14 @@ def test_data_parallel_reaches_the_target_at_singles_step_reproducibly(tmp_path,
     assert run(["time-to-accuracy", "--quick", "--out", str(study)]) == 0
     assert "3 of 3 points already done" in capsys.readouterr().out
     assert _rows(study)[0]["single"]["time_s"] == single["time_s"]
+
+    # The docs' table: per strategy its time to target (steps) and its state per device beside
+    # it; a row written before the state was recorded shows it blank.
+    row = f"| mpi-allreduce | 2 ranks | {mpi['time_s']:.1f} s ({mpi['steps']}) | {mpi['state_bytes_per_device'] / 1e6:.2f} |"
+    assert row in tables.time_to_accuracy(tmp_path / "data")
+    del data["metrics"]["rows"][0]["state_bytes_per_device"]
+    (study / "time_to_accuracy.json").write_text(json.dumps(data))
+    assert f"| single | 1 | {single['time_s']:.1f} s ({single['steps']}) |  |" in tables.time_to_accuracy(tmp_path / "data")
 
     # The figure comes from the JSON alone.
     assert run(["figures", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "png")]) == 0
