@@ -254,9 +254,34 @@ def batch_size(result: dict, out: Path) -> Path:
     return save(fig, out / "batch_size.png")
 
 
+def _bars_by_model(ax, rows: list[dict], models: list[str], strategies: list[str], style: dict,
+                   value: str, scale: float = 1.0) -> None:
+    """One bar per (model, strategy) of row[value] / scale, grouped by model; steps to target written
+    on the time bars, 'not reached' where a run ran out of budget."""
+    label = lambda r: r.get("label", r["strategy"])  # noqa: E731  (strategy, and its schedule)
+    width = 0.8 / len(strategies)
+    for i, model in enumerate(models):
+        for j, name in enumerate(strategies):
+            r = next((r for r in rows if r["model"] == model and label(r) == name), None)
+            x = i - 0.4 + (j + 0.5) * width
+            if r is None or r.get(value) is None:
+                continue
+            if value == "time_s" and not r["reached"]:
+                ax.text(x, 0, "not\nreached", ha="center", va="bottom", fontsize=7, color=style[name]["color"])
+                continue
+            ax.bar(x, r[value] / scale, width,
+                   color=style[name]["color"],
+                   hatch="//" if value == "time_s" and r.get("batch_norm_per_shard") else None)
+            if value == "time_s":
+                ax.text(x, r["time_s"], f"{r['steps']}", ha="center", va="bottom", fontsize=6)
+    ax.set_xticks(range(len(models)),
+                  [f"{m}\ntarget {next(r['target'] for r in rows if r['model'] == m):.2f}" for m in models])
+
+
 def time_to_accuracy(data: dict, out: Path) -> Path:
-    """Training time to the target validation accuracy, bars grouped by model (one per
-    strategy, steps written on each), and validation accuracy against training time per model.
+    """Training time to the target validation accuracy and state per device, bars grouped by
+    model (one per strategy, steps written on the time bars), and validation accuracy against
+    training time per model.
 
     Args:
         data: the RunResult dict written by experiments/time_to_accuracy.py.
@@ -267,25 +292,16 @@ def time_to_accuracy(data: dict, out: Path) -> Path:
     label = lambda r: r.get("label", r["strategy"])  # noqa: E731  (strategy, and its schedule)
     strategies = list(dict.fromkeys(label(r) for r in rows))
     style = strategy_style(strategies)
-    fig, axes = plt.subplots(1, 1 + len(models), figsize=(4.2 * (1 + len(models)), 4.2), squeeze=False)
-    bars, width = axes[0][0], 0.8 / len(strategies)
-    for i, model in enumerate(models):
-        for j, name in enumerate(strategies):
-            r = next((r for r in rows if r["model"] == model and label(r) == name), None)
-            if r is None:
-                continue
-            x = i - 0.4 + (j + 0.5) * width
-            if r["reached"]:
-                bars.bar(x, r["time_s"], width, color=style[name]["color"],
-                         hatch="//" if r.get("batch_norm_per_shard") else None)
-                bars.text(x, r["time_s"], f"{r['steps']}", ha="center", va="bottom", fontsize=7)
-            else:
-                bars.text(x, 0, "not\nreached", ha="center", va="bottom", fontsize=7, color=style[name]["color"])
-    bars.set_xticks(range(len(models)),
-                    [f"{m}\ntarget {next(r['target'] for r in rows if r['model'] == m):.2f}" for m in models])
+    fig, axes = plt.subplots(1, 2 + len(models), figsize=(4.2 * (2 + len(models)), 4.2), squeeze=False)
+    bars, memory = axes[0][0], axes[0][1]
+    _bars_by_model(bars, rows, models, strategies, style, "time_s")
     bars.set_ylabel("training time to target (s)")
     bars.set_title("Time to target (steps on the bars)", fontsize=9)
-    for ax, model in zip(axes[0][1:], models):
+    _bars_by_model(memory, rows, models, strategies, style, "state_bytes_per_device", scale=1e6)
+    memory.set_yscale("log")  # the ResNet holds a tenth of the MLP's state
+    memory.set_ylabel("parameters + optimizer state per device (MB)")
+    memory.set_title("What each device holds", fontsize=9)
+    for ax, model in zip(axes[0][2:], models):
         here = [r for r in rows if r["model"] == model]
         for r in here:
             c = r["curve"]
@@ -306,7 +322,7 @@ def time_to_accuracy(data: dict, out: Path) -> Path:
                  f"{env.get('cpu_cores', '?')} CPU cores shared by the simulated devices; jax "
                  f"{env.get('jax', '?')}", fontsize=9)
     fig.tight_layout()
-    legend_below(fig, handles, labels, ncol=len(labels))
+    legend_below(fig, handles, labels, ncol=min(len(labels), 9))
     return save(fig, out / "time_to_accuracy.png")
 
 

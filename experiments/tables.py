@@ -243,28 +243,43 @@ def batch_size(data_dir: Path) -> str:
 
 
 # --- time-to-accuracy study ------------------------------------------------------------------
-def _time_cell(r: dict) -> str:
-    """Time to target, † where batch norm used per-shard statistics (trajectory may differ)."""
-    cell = f"{r['time_s']:.1f} s" if r["reached"] else "not reached"
+def _time_cell(r: dict | None) -> str:
+    """Time to target with its steps, † where batch norm used per-shard statistics (the
+    trajectory may differ); a dash where the strategy does not place the model."""
+    if r is None:
+        return DASH
+    cell = f"{r['time_s']:.1f} s ({r['steps']})" if r["reached"] else f"not reached ({r['steps_run']})"
     return cell + (" †" if r.get("batch_norm_per_shard") else "")
 
 
+def _state_cell(r: dict | None) -> str:
+    """Parameters + optimizer state per device in MB; blank where a row does not record it."""
+    state = None if r is None else r.get("state_bytes_per_device")
+    return "" if state is None else f"{state / 1e6:.2f}"
+
+
 def time_to_accuracy(data_dir: Path) -> str:
+    """One row per strategy, per model its time to target (steps) and its state per device
+    beside it: what model parallelism buys in memory and what it costs in time."""
     rows = sources.load(data_dir, "time-to-accuracy")["metrics"]["rows"]
     label = lambda r: r.get("label", r["strategy"])  # noqa: E731  (strategy, and its schedule)
-    names = list(dict.fromkeys(label(r) for r in rows))
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    found = {(r["model"], label(r)): r for r in rows}
+    first: dict[str, dict] = {}
+    for r in rows:
+        first.setdefault(label(r), r)
     out = []
-    for model in dict.fromkeys(r["model"] for r in rows):
-        here = {label(r): r for r in rows if r["model"] == model}
-        first = next(iter(here.values()))
-        steps = sorted({r["steps"] for r in here.values() if r["reached"]})
-        cells = [_time_cell(here[n]) if n in here else DASH for n in names]
-        acc = [r["test_accuracy"] for r in here.values()]
-        out.append([f"{model} ({first['target']:.2f})", ", ".join(map(str, steps)) or DASH, *cells,
-                    f"{min(acc):.3f}-{max(acc):.3f}"])
-    devices = {label(r): r["devices"] for r in rows}
-    return markdown(["model (target val. accuracy)", "steps", *[f"{n} ({devices[n]} dev)" for n in names],
-                     "test accuracy"], out)
+    for name, r in first.items():
+        # Multi-process rows: ranks of one device each (rows written before ranks were recorded: 1).
+        where = f"{r['ranks']} ranks" if r.get("ranks", 1) > 1 else str(r["devices"])
+        out.append([name, where, *[c for m in models for c in (_time_cell(found.get((m, name))),
+                                                                _state_cell(found.get((m, name))))]])
+    accuracy = [f"{min(a):.3f}-{max(a):.3f}" for a in
+                ([r["test_accuracy"] for r in rows if r["model"] == m] for m in models)]
+    out.append(["test accuracy (all rows)", "", *[c for a in accuracy for c in (a, "")]])
+    target = {r["model"]: r["target"] for r in rows}
+    return markdown(["strategy", "devices", *[h for m in models for h in (
+        f"{m} to {target[m]:.2f}: time (steps)", f"{m}: state MB/device")]], out)
 
 
 # --- hparam study ----------------------------------------------------------------------------

@@ -8,6 +8,9 @@ import json
 
 import pytest
 
+RESNET_TARGET = 0.89
+
+from experiments import tables
 from experiments.__main__ import run
 
 
@@ -20,20 +23,24 @@ def test_data_parallel_reaches_the_target_at_singles_step_reproducibly(tmp_path,
     study = tmp_path / "data" / "time_to_accuracy"
     assert run(["time-to-accuracy", "--quick", "--out", str(study)]) == 0
     rows, data = _rows(study)
-    single, dp = rows["single"], rows["dp-shard-map"]
-    assert single["reached"] and dp["reached"], (single, dp)
-    assert (single["devices"], dp["devices"]) == (1, 2)
-    # Same global batch and seed: the same trajectory, so the same step, on 1 device or 2.
-    assert dp["steps"] == single["steps"] and dp["examples"] == single["examples"]
+    single, dp, mpi = rows["single"], rows["dp-shard-map"], rows["mpi-allreduce"]
+    assert single["reached"] and dp["reached"] and mpi["reached"], (single, dp, mpi)
+    assert (single["devices"], dp["devices"], mpi["devices"]) == (1, 2, 2)
+    assert (dp["ranks"], mpi["ranks"]) == (1, 2)  # the MPI row: 2 processes of one device
+    # Same global batch and seed: the same trajectory, so the same step, on 1 device, 2
+    # devices in one process or 2 MPI ranks.
     val_size = data["config"]["val_size"]
-    for a, b in zip(single["curve"], dp["curve"], strict=True):
-        assert a["step"] == b["step"] and abs(a["val_accuracy"] - b["val_accuracy"]) <= 2 / val_size
+    for other in (dp, mpi):
+        assert other["steps"] == single["steps"] and other["examples"] == single["examples"]
+        for a, b in zip(single["curve"], other["curve"], strict=True):
+            assert a["step"] == b["step"] and abs(a["val_accuracy"] - b["val_accuracy"]) <= 2 / val_size
     # The reported step is the first validation at or above the target, a multiple of eval-every.
     accs = [c["val_accuracy"] for c in single["curve"]]
     assert accs[-1] >= single["target"] > max(accs[:-1])
     assert single["steps"] % data["config"]["eval_every"] == 0
     assert data["env"]["cpu_cores"] >= 1 and data["config"]["train_options"]["lr_schedule"] == "constant"
-    assert "| mlp | dp-shard-map | 2 |" in (study / "summary.md").read_text()
+    summary = (study / "summary.md").read_text()
+    assert "| mlp | dp-shard-map | 2 |" in summary and "| mlp | mpi-allreduce | 2 ranks |" in summary
 
     # A re-run with the same seed (a fresh folder, one strategy) gives the same step exactly.
     again = tmp_path / "again"
@@ -46,8 +53,16 @@ def test_data_parallel_reaches_the_target_at_singles_step_reproducibly(tmp_path,
     # The same folder again: complete points are not run again.
     capsys.readouterr()
     assert run(["time-to-accuracy", "--quick", "--out", str(study)]) == 0
-    assert "2 of 2 points already done" in capsys.readouterr().out
+    assert "3 of 3 points already done" in capsys.readouterr().out
     assert _rows(study)[0]["single"]["time_s"] == single["time_s"]
+
+    # The docs' table: per strategy its time to target (steps) and its state per device beside
+    # it; a row written before the state was recorded shows it blank.
+    row = f"| mpi-allreduce | 2 ranks | {mpi['time_s']:.1f} s ({mpi['steps']}) | {mpi['state_bytes_per_device'] / 1e6:.2f} |"
+    assert row in tables.time_to_accuracy(tmp_path / "data")
+    del data["metrics"]["rows"][0]["state_bytes_per_device"]
+    (study / "time_to_accuracy.json").write_text(json.dumps(data))
+    assert f"| single | 1 | {single['time_s']:.1f} s ({single['steps']}) |  |" in tables.time_to_accuracy(tmp_path / "data")
 
     # The figure comes from the JSON alone.
     assert run(["figures", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "png")]) == 0
@@ -71,23 +86,55 @@ def test_bad_options_exit_2_with_the_fix_and_write_nothing(tmp_path, capsys, fla
 
 def test_model_parallel_rows_on_the_cnn_follow_singles_trajectory(tmp_path):
     """The seeds' comparison in small: the CNN (no batch norm) under layer-split, pipeline
-    (1F1B), gems and tensor trains on single's global batches, so it reaches the target at
-    single's step along single's validation curve; the stages hold less state per device."""
+    (1F1B), gems and tensor on 2 simulated devices and mpi-pipeline on 2 ranks trains on
+    single's global batches, so it reaches the target at single's step along single's
+    validation curve; the stages and shards hold less state per device."""
     from experiments import time_to_accuracy as tta
 
     config = dataclasses.replace(
         tta.QUICK, models=("cnn",), width=None, depth=None, targets=("cnn=0.45",), batch_size=24,
-        strategies=("single", "layer-split", "pipeline", "gems", "tensor"), schedules=("1f1b",),
-        synthetic_size=600, val_size=120, out=str(tmp_path / "tta"))
+        strategies=("single", "layer-split", "pipeline", "gems", "tensor", "mpi-pipeline"),
+        schedules=("1f1b",), synthetic_size=600, val_size=120, out=str(tmp_path / "tta"))
     tta.run(config)
     rows, data = _rows(tmp_path / "tta")
     single = rows.pop("single")
-    assert single["reached"] and set(rows) == {"layer-split", "pipeline", "gems", "tensor"}
+    assert single["reached"] and set(rows) == {"layer-split", "pipeline", "gems", "tensor", "mpi-pipeline"}
     assert rows["pipeline"]["label"] == "pipeline (1f1b)" and rows["pipeline"]["devices"] == 2
+    assert (rows["mpi-pipeline"]["ranks"], rows["mpi-pipeline"]["devices"]) == (2, 2)
     for name, r in rows.items():
         assert r["steps"] == single["steps"], name
         for a, b in zip(single["curve"], r["curve"], strict=True):
             assert abs(a["val_accuracy"] - b["val_accuracy"]) <= 2 / config.val_size, name
-    for name in ("layer-split", "pipeline", "tensor"):
+    for name in ("layer-split", "pipeline", "tensor", "mpi-pipeline"):
         assert rows[name]["state_bytes_per_device"] < single["state_bytes_per_device"], name
-    assert "| cnn | pipeline (1f1b) | 2 |" in (tmp_path / "tta" / "summary.md").read_text()
+    summary = (tmp_path / "tta" / "summary.md").read_text()
+    assert "| cnn | pipeline (1f1b) | 2 |" in summary and "| cnn | mpi-pipeline (1f1b) | 2 ranks |" in summary
+
+
+def test_by_default_every_strategy_on_singles_trajectory_is_a_point():
+    """The full study's plan: each model under every strategy that places it and trains on
+    single's global batches (local SGD does not), the model-parallel ones on 2 simulated
+    devices, the MPI ones on 2 single-threaded ranks of one device, both pipeline schedules;
+    targets that take most of a real run, all at one constant learning rate."""
+    from experiments import time_to_accuracy as tta
+
+    config = tta.TimeToAccuracyConfig()
+    assert tta.targets(config) == {"mlp": 0.88, "cnn": 0.91, "resnet": RESNET_TARGET}
+    planned = tta.plan(config)
+    model_parallel = {"layer-split", "pipeline-gpipe", "pipeline-1f1b", "gems", "mpi-pipeline-gpipe",
+                      "mpi-pipeline-1f1b"}
+    data_parallel = {"single", "dp-pmap", "dp-shard-map", "dp-auto", "fsdp", "mpi-allreduce",
+                     "mpi-param-server"}
+    for model in config.models:
+        here = {p.folder.removeprefix(f"{model}-"): p for p in planned if p.config.model.model == model}
+        tensor = {"tensor", "tensor-auto"} if model != "mlp" else set()  # they do not place the MLP
+        assert model_parallel | data_parallel | tensor <= set(here), model
+        assert not any(name.startswith(("local-sgd", "hybrid")) for name in here), model
+        for name, point in here.items():
+            c = point.config
+            assert (c.optim.lr, c.optim.lr_schedule, c.target_accuracy) == (1e-3, "constant", tta.targets(config)[model])
+            if name.startswith("mpi-"):
+                assert (point.ranks, c.parallel.devices, c.parallel.single_thread) == (2, 1, True), name
+            else:
+                assert (point.ranks, c.parallel.devices) == (None, 1 if name == "single" else 2), name
+    assert {"mlp-tensor", "mlp-tensor-auto", "cnn-hybrid"} <= set(tta.skipped(config))
