@@ -30,6 +30,7 @@ FIGURES = (
                          functools.partial(plots.strategies_bars, png="strategies_cnn.png")),)),
     ("time-to-accuracy", (("time_to_accuracy.png", plots_studies.time_to_accuracy),)),
     ("peers", (("peers.png", plots_studies.peers_bars),)),
+    ("machines", (("machines.png", plots_studies.machines_speedup),)),
     ("scaling", (("scaling_devices.png", None), ("scaling_ranks.png", None))),  # one call draws both
 )
 

@@ -54,7 +54,8 @@ def execute(config: TrainConfig, bench: BenchOptions | None = None, console: Con
     if bench is None and out is None:
         out = f"results/{config.model.model}-{config.parallel.strategy}-{time.strftime('%Y%m%d-%H%M%S')}"
     simulate_cpu_devices(config.parallel.devices)  # before JAX's backend starts
-    distributed.setup(distributed_mode(config), config.parallel.single_thread)
+    distributed.setup(distributed_mode(config), config.parallel.single_thread,
+                      config.parallel.devices or 1)
     validate(config)  # every option and combination, before any work or write
     created = out is not None and not Path(out).exists()
     if out is not None:

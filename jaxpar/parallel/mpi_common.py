@@ -13,14 +13,13 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from jaxpar import mesh as meshlib
+from jaxpar import optional
 from jaxpar import step as steplib
 from jaxpar.measure import tree_bytes
 from jaxpar.errors import ConfigError
 from jaxpar.parallel.base import Strategy
 
-INSTALL_HINT = (
-    "install the `mpi` extra: `make test` does it, or `pip install mpi4py mpich` then "
-    "`MPI4JAX_BUILD_MPICC=$VENV/bin/mpicc CUDA_PATH=<an empty folder> pip install --no-cache-dir mpi4jax`")
+INSTALL_HINT = f"install the `mpi` extra: {optional.MPI4JAX_INSTALL}"
 
 
 def import_mpi():
