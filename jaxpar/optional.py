@@ -20,7 +20,7 @@ from types import ModuleType
 from jaxpar.errors import UserError
 
 # mpi4jax is built from source against the MPI that mpi4py uses (the Makefile's `mpi` extra);
-# on a GPU machine against the CUDA toolkit too (docs/gpu.md).
+# on a GPU machine against the CUDA toolkit too (docs/machines.md).
 MPI4JAX_INSTALL = ("`make test` does it, or `pip install mpi4py mpich` then `MPI4JAX_BUILD_MPICC="
                    "$VENV/bin/mpicc CUDA_PATH=<an empty folder; the CUDA toolkit on a GPU machine> "
                    "pip install --no-cache-dir --no-build-isolation mpi4jax`")
