@@ -22,6 +22,7 @@ point) and OUT/summary.md; `report` and `figures` read every figures/data/machin
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,14 +193,15 @@ def measure(config: MachineConfig, planned: list, deadline: float) -> tuple[list
             unstarted[p.folder] = f"not started: {config.budget} s budget spent"
             continue
         limit = min(config.timeout, left)
+        load = os.getloadavg()[0]  # was the machine quiet? (a point reused from OUT: now)
         try:
             if isinstance(p, TorchPoint):
                 print(f"{p.folder}: PyTorch {p.mode} on {p.device}", flush=True)
-                records.append(machine_rows.torch_record(p, torch_point.run(p, out, limit)))
+                records.append(machine_rows.torch_record(p, torch_point.run(p, out, limit), load))
                 print(f"  {records[-1]['ms']:.2f} ms/step", flush=True)
             else:
                 (r,) = points.run([p], out, limit)
-                records.append(machine_rows.jaxpar_record(p, r))
+                records.append(machine_rows.jaxpar_record(p, r, load))
         except PointError as e:
             if time.monotonic() >= deadline:  # stopped by the budget, not broken
                 unstarted[p.folder] = f"stopped: {config.budget} s budget spent"
@@ -216,6 +218,7 @@ def run(config: MachineConfig) -> list[Path] | None:
     check(config)
     deadline = time.monotonic() + config.budget
     out = results.ensure_writable(config.out)
+    load = os.getloadavg()[0]
     (probe,) = points.run([one_device(config, PROBE_MODEL)], out, min(config.timeout, config.budget))
     planned, skipped = plan(config, probe)
     for p in planned:  # a folder of other settings is refused before any more work
@@ -225,7 +228,7 @@ def run(config: MachineConfig) -> list[Path] | None:
             points.check(p)
             points.stored(out / p.folder, p)
     records, failed, unstarted = measure(config, planned, deadline)
-    records.insert(0, machine_rows.jaxpar_record(one_device(config, PROBE_MODEL), probe))
+    records.insert(0, machine_rows.jaxpar_record(one_device(config, PROBE_MODEL), probe, load))
     study = machine_rows.study(config, records, probe.env, {**skipped, **unstarted}, failed)
     paths = [results.write_atomic(out / "machine.json", study.to_json() + "\n"),
              results.write_atomic(out / "summary.md", machine_rows.summary(dataclasses.asdict(study)))]

@@ -19,26 +19,27 @@ from jaxpar import results
 PARTS = ("one-device", "torch", "devices", "ranks")
 
 
-def jaxpar_record(point, result: results.RunResult) -> dict:
-    """One jaxpar point's row (before speed-ups)."""
+def jaxpar_record(point, result: results.RunResult, load: float) -> dict:
+    """One jaxpar point's row (before speed-ups); `load`: the 1-minute load average before it."""
     m, env = result.metrics, result.env
     return {"part": point.labels["part"], "model": point.config.model.model, "framework": "jaxpar",
-            "strategy": point.config.parallel.strategy, "devices": env["device_count"],
+            # The devices it ran on (a one-device point on a 4-GPU node sees 4, uses 1).
+            "strategy": point.config.parallel.strategy, "devices": point.config.parallel.devices or 1,
             "ranks": env.get("mpi_ranks", 1), "threads_per_process": env["threads_per_process"],
             "batch": point.config.data.batch_size, "ms": m["step_time_ms_median"],
             "images_per_sec": m["images_per_sec"], "compile_s": m["compile_s"],
             "achieved_gflops": m["achieved_gflops"], "percent_of_peak": m["percent_of_peak"],
-            "folder": point.folder}
+            "folder": point.folder, "load_1min": load}
 
 
-def torch_record(point, done: dict) -> dict:
-    """One PyTorch point's row, from its torch.json."""
+def torch_record(point, done: dict, load: float) -> dict:
+    """One PyTorch point's row, from its torch.json; `load` as for `jaxpar_record`."""
     return {"part": "torch", "model": point.model, "framework": "pytorch", "strategy": point.mode,
             "devices": 1, "ranks": 1, "threads_per_process": done["threads"],
             "batch": point.batch_size, "ms": done["median_ms"],
             "images_per_sec": 1000 * point.batch_size / done["median_ms"],
             "compile_s": None, "achieved_gflops": None, "percent_of_peak": None,
-            "folder": point.folder, "torch": done["torch"], "device": point.device}
+            "folder": point.folder, "load_1min": load, "torch": done["torch"], "device": point.device}
 
 
 def baseline(rows: list[dict], row: dict) -> dict | None:
@@ -83,6 +84,15 @@ def machine_name(env: dict) -> str:
     return f"{env['local_device_count']} x {env['device_kind']} ({cores})"
 
 
+def load_words(data: dict) -> str:
+    """'load average 9.8-14.1 on 2 cores': how busy the machine was while it was measured."""
+    loads = [r["load_1min"] for r in data["metrics"]["rows"] if r.get("load_1min") is not None]
+    if not loads:
+        return "load not recorded"
+    return (f"1-minute load average {min(loads):.1f}-{max(loads):.1f} on "
+            f"{data['env']['cores_available']} cores")
+
+
 def _cell(x, fmt: str) -> str:
     return "–" if x is None else format(x, fmt)
 
@@ -91,7 +101,8 @@ def summary(data: dict) -> str:
     """Markdown: every row of one machine.json dict, then what was skipped or failed."""
     env = data["env"]
     lines = [f"{machine_name(env)}; {env['backend']} backend, jax {env['jax']}, flax {env['flax']}"
-             + (f", torch {env['torch']}" if env.get("torch") else "") + ".", "",
+             + (f", torch {env['torch']}" if env.get("torch") else "") + f"; {load_words(data)} "
+             "before the points.", "",
              "| model | part | framework | strategy | devices | ranks | threads/process | global batch "
              "| ms/step | images/s | speed-up | efficiency | % of matmul peak |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -307,10 +307,11 @@ def other_machines(data_dir: Path) -> str:
                         DASH if torch is None else num(torch["images_per_sec"]),
                         DASH if one is None or one["speedup"] is None else f"{one['speedup']:.2f}x",
                         _scaling_cell(here, "devices"), _scaling_cell(here, "ranks"),
-                        f"jax {env['jax']}, {env['time'][:10]}, {_revision(env)}"])
+                        f"jax {env['jax']}, {env['time'][:10]}, {_revision(env)}; "
+                        f"{machine_rows.load_words(m)}"])
     return markdown(["machine", "model", "1 device ms/step", "images/s", "PyTorch eager images/s",
                      "jaxpar / PyTorch", "devices: speed-up (efficiency)",
-                     "MPI ranks: speed-up (efficiency)", "software, date, revision"], out)
+                     "MPI ranks: speed-up (efficiency)", "software, date, revision; how busy"], out)
 
 
 TABLES: dict[str, Callable[[Path], str]] = {

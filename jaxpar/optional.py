@@ -35,7 +35,8 @@ INSTALL = {
     "gradio": "pip install -e '.[demo]'",
     "mpi4py": "pip install mpi4py mpich",
     "mpi4jax": MPI4JAX_INSTALL,
-    "torch": "pip install torch==2.13.0 (the CPU wheel: `make peer`), or the build for your GPU",
+    "torch": ("pip install '.[peer]' (torch==2.13.0, the CPU wheel; `make peer`), or the torch "
+              "build for your GPU"),
 }
 
 
