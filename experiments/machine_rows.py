@@ -55,15 +55,15 @@ def baseline(rows: list[dict], row: dict) -> dict | None:
 
 def with_speedups(records: list[dict]) -> list[dict]:
     """Each record with 'workers', 'speedup' (over `baseline`, None without one) and
-    'efficiency' (speed-up / workers), in table order."""
-    rows = []
+    'efficiency' (speed-up / workers), in table order (models as measured, then parts)."""
+    rows, order = [], {m: i for i, m in enumerate(dict.fromkeys(r["model"] for r in records))}
     for r in records:
         base = baseline(records, r)
         workers = r["ranks"] if r["part"] == "ranks" else r["devices"]
         speed = None if base is None else r["images_per_sec"] / base["images_per_sec"]
         rows.append({**r, "workers": workers, "speedup": speed,
                      "efficiency": None if speed is None or r["part"] == "one-device" else speed / workers})
-    return sorted(rows, key=lambda r: (r["model"], PARTS.index(r["part"]), r["workers"]))
+    return sorted(rows, key=lambda r: (order[r["model"]], PARTS.index(r["part"]), r["workers"]))
 
 
 def study(config, records: list[dict], env: dict, skipped: dict, failed: dict) -> results.RunResult:

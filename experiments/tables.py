@@ -284,7 +284,7 @@ def peers(data_dir: Path) -> str:
 
 def _scaling_cell(rows: list[dict], part: str) -> str:
     """'8: 5.1x (0.64)': the most workers of a part, speed-up over one and efficiency."""
-    here = [r for r in rows if r["part"] == part and r["speedup"] is not None]
+    here = [r for r in rows if r["part"] == part and r["speedup"] is not None and r["workers"] > 1]
     if not here:
         return DASH
     top = max(here, key=lambda r: r["workers"])

@@ -104,4 +104,4 @@ def test_bench_and_the_machine_command_run(light, tmp_path):
     parts = {(r["part"], r["workers"]) for r in study["metrics"]["rows"]}
     assert {("one-device", 1), ("devices", 1), ("devices", 2)} <= parts
     skipped = study["metrics"]["skipped"]
-    assert "pip install torch" in skipped["torch"] and "mpi4jax" in skipped["ranks"]
+    assert "optional dependency torch" in skipped["torch"] and "mpi4jax" in skipped["ranks"]

@@ -75,7 +75,7 @@ def test_without_torch_and_mpi4jax_the_rest_runs_and_says_why(monkeypatch):
     planned, skipped = machine.plan(machine.MachineConfig(models=("mlp",)), probe("cpu", 1, 4))
     assert folders(planned) == ["devices/mlp-single-1", "devices/mlp-dp-shard-map-2",
                                 "devices/mlp-dp-shard-map-4"]
-    assert "pip install torch" in skipped["torch"] and skipped["ranks"] == "no mpi4jax"
+    assert "optional dependency torch" in skipped["torch"] and skipped["ranks"] == "no mpi4jax"
 
 
 def test_speed_ups_are_over_one_worker_and_over_pytorch():
