@@ -354,7 +354,9 @@ def machines_speedup(data: dict, out: Path) -> Path:
         ax.set_ylabel("speed-up in images/s over one")
         ax.set_title(f"{model}, weak scaling", fontsize=10)
         ax.grid(True, which="major", alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    legend_below(fig, handles, labels, ncol=2)
+    legend = {}  # every line of every panel once (a panel may lack a part another has)
+    for ax in axes[0]:
+        legend.update({label: handle for handle, label in zip(*ax.get_legend_handles_labels())})
+    legend_below(fig, list(legend.values()), list(legend), ncol=2)
     fig.tight_layout()
     return save(fig, out / "machines.png")
