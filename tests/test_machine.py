@@ -6,9 +6,7 @@ The quick form without MPI and PyTorch runs in tests/test_install_light.py.
     python -m pytest -q tests/test_machine.py
 """
 
-import dataclasses
 import importlib.util
-import json
 import shutil
 import time
 
