@@ -4,6 +4,7 @@ importable functions (`experiments.run.execute`, each study's `run(config)`, ...
     python -m experiments train --model cnn --epochs 3 --out results/run1
     python -m experiments bench --model mlp --batch-size 128
     python -m experiments scaling --quick --out /tmp/scaling
+    python -m experiments machine --out figures/data/machines/NAME   # measure this machine
     python -m experiments prepare-data --dataset fashion_mnist
 """
 
@@ -15,8 +16,9 @@ import time
 import jax
 from rich.console import Console
 
-from experiments import (batch_size, bounds, cluster, demo, figures, hparam, peers, pipeline_study,
-                         predict, profile_cmd, scaling, strategies, time_to_accuracy)
+from experiments import (batch_size, bounds, cluster, demo, figures, hparam, machine, peers,
+                         pipeline_study, predict, profile_cmd, scaling, strategies,
+                         time_to_accuracy)
 from experiments import report as docs_report  # not `report`: jaxpar.bench's printout
 from experiments.cli import BENCH, build_parser, config_from_args, options_from_args
 from experiments.options import BenchOptions
@@ -27,7 +29,8 @@ from jaxpar.errors import Diverged, UserError
 
 # Every study: a config dataclass (its flags), a quick preset and a run function.
 STUDIES = {s.name: s for s in (scaling.STUDY, pipeline_study.STUDY, hparam.STUDY, batch_size.STUDY,
-                                strategies.STUDY, time_to_accuracy.STUDY, peers.STUDY, bounds.STUDY)}
+                                strategies.STUDY, time_to_accuracy.STUDY, peers.STUDY, bounds.STUDY,
+                                machine.STUDY)}
 
 COMMANDS = {
     "train": {"help": "train one model with one strategy; writes OUT/result.json"},

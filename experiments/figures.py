@@ -33,6 +33,7 @@ FIGURES = (
     ("peers", (("peers.png", plots_studies.peers_bars),)),
     ("cost", (("cost_predicted.png", plots_cost.predicted_vs_measured),
               ("cost_scaling.png", plots_cost.scaling_extrapolated))),
+    ("machines", (("machines.png", plots_studies.machines_speedup),)),
     ("scaling", (("scaling_devices.png", None), ("scaling_ranks.png", None))),  # one call draws both
 )
 

@@ -21,7 +21,6 @@ metrics.rows), OUT/summary.md and OUT/peers.png, atomically.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,15 +30,13 @@ from experiments.options import BenchOptions, option
 from experiments.points import Point, PointError
 from experiments.study import Study, at_least, distinct
 from experiments.torch_point import ADAM_KERNELS, TorchPoint
-from jaxpar import results
+from jaxpar import optional, results
 from jaxpar.config import TrainConfig, with_options
 from jaxpar.errors import ConfigError
 from jaxpar.models import abstract_model, param_count
 from jaxpar.parallel import STRATEGIES
 from jaxpar.parallel.base import STEPS_OPTION
 
-INSTALL_HINT = ("install the `peer` extra, which pins torch==2.13.0 (a CPU wheel): "
-                "`pip install '.[peer]'` or `make peer`")
 OPTIMIZER = "adam"  # what the PyTorch side runs (torch.optim.Adam); jaxpar's is pinned to it
 # The configurations of every model, in table order: (key, framework, what it is).
 CONFIGS = (("jaxpar-single", "jaxpar", "single, 1 device"),
@@ -91,9 +88,7 @@ class Plan:
 
 def torch_missing() -> str | None:
     """Why PyTorch cannot run here (the message names the install), or None."""
-    if importlib.util.find_spec("torch") is None:
-        return f"the peers study runs PyTorch, which is not installed in this venv; {INSTALL_HINT}"
-    return None
+    return None if optional.available("torch") else optional.message("torch", "the peers study")
 
 
 def data_parallel() -> tuple[str, ...]:

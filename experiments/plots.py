@@ -12,26 +12,31 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
-
-from experiments import speedup  # noqa: E402
-from jaxpar import models  # noqa: E402
-from jaxpar.parallel import FAMILIES, STRATEGIES  # noqa: E402
+from experiments import speedup
+from jaxpar import models
+from jaxpar.optional import require
+from jaxpar.parallel import FAMILIES, STRATEGIES
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
 LINES = ("-", "--", "-.", ":")
 FAMILY_COLOURS = dict(zip(FAMILIES, ("#6c757d", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd")))
 
 
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files, no display), imported by the functions that
+    draw: the commands that draw nothing (`bench`, `train`, `machine`) run without matplotlib."""
+    matplotlib = require("matplotlib", "figures (`figures`, and the PNG a study draws)")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def save(fig, path: Path) -> Path:
     """Write `fig` to `path` as PNG (the one resolution every figure shares) and free it;
     `bbox_inches='tight'` keeps legends placed outside the axes."""
     fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -52,6 +57,8 @@ def plain_log_axis(axis, base: float = 10, between: bool = True) -> None:
     """Log ticks written as plain numbers (0.25, 1, 4), not powers, with ticks between the
     powers (base 2: 0.75, 1.5, 3; base 10: 2, 5, 20) unless `between` is False, so that a
     short axis still reads."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # pyplot() imported matplotlib
+
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
     axis.set_minor_formatter(NullFormatter())
     subs = ((1.0, 1.5) if base == 2 else (1.0, 2.0, 5.0)) if between else (1.0,)
@@ -68,6 +75,7 @@ def _scaling_panels(rows: list[dict], x: str, base: str, title: str, path: Path,
       rows: speedup.device_rows or speedup.rank_rows.
       best: group -> (speed-up of the best single-process point, label), a level line.
     """
+    plt = pyplot()
     models = {r["group"]: r["model"] for r in rows}
     panels = sorted(models, key=lambda g: (models[g], g))  # by model, then mode
     names = [n for n in strategy_style([r["strategy"] for r in rows]) if n != base]
@@ -188,6 +196,7 @@ def strategies_bars(data: dict, out: Path, png: str = "strategies.png") -> Path:
     Returns:
         the PNG path.
     """
+    plt = pyplot()
     rows, cfg, env = data["metrics"]["rows"], data["config"], data["env"]
     colours = [FAMILY_COLOURS.get(r["family"], "#333333") for r in rows]
     fig, axes = plt.subplots(2, 2, figsize=(max(10, 0.8 * len(rows) + 4), 8.5))

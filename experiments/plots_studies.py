@@ -1,4 +1,4 @@
-"""Figures of the pipeline, batch-size, hparam, time-to-accuracy and peers studies, drawn only
+"""Figures of the pipeline, batch-size, hparam, time-to-accuracy, peers and machine studies, drawn only
 from their results files (helpers and house style: experiments/plots.py).
 
     python -m experiments figures --data figures/data --out figures
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
-
-from experiments.plots import REGIMES, legend_below, plain_log_axis, save, scaling_regimes, strategy_style
+from experiments.machine_rows import machine_name
+from experiments.plots import (REGIMES, legend_below, plain_log_axis, pyplot, save, scaling_regimes,
+                               strategy_style)
 from jaxpar.parallel import schedules
 from jaxpar.parallel.gems import Gems
 
@@ -31,6 +31,7 @@ def pipeline_bubble(result: dict, out: Path) -> Path:
         result: the RunResult dict written by experiments/pipeline_study.py (pipeline.json).
         out: folder for pipeline_bubble.png.
     """
+    plt = pyplot()
     data, cfg = result["metrics"], result["config"]
     fig, axes = plt.subplots(2, 2, figsize=(10, 8))
     (bub, tput), (flight, mem) = axes
@@ -92,6 +93,7 @@ def pipeline_schedule(result: dict, out: Path) -> Path:
     """GPipe-paper-style picture: devices as rows, one F/B micro-batch block per slot (GEMS:
     its second replica's blocks hatched, that replica running the stages in reverse device
     order)."""
+    plt = pyplot()
     data = result["metrics"]
     names, S = list(data["tables"]), data["stages"]
     fig, axes = plt.subplots(len(names), 1, figsize=(12, 1.4 + 0.55 * S * len(names)), squeeze=False)
@@ -127,6 +129,7 @@ def pipeline_timeline(result: dict, out: Path) -> Path:
     """The measured timelines beside the tables: devices as rows, one box per stage program
     from when the device began it to when it finished (stamped on the device), labelled with
     its micro-batch; the measured idle fraction beside the schedule's bubble."""
+    plt = pyplot()
     timelines = result["metrics"]["timelines"]
     fig, axes = plt.subplots(len(timelines), 1, figsize=(12, 1.6 + 1.3 * len(timelines)), squeeze=False)
     for ax, (name, tl) in zip(axes[:, 0], timelines.items()):
@@ -165,6 +168,7 @@ def hparam_speedup(result: dict, out: Path) -> Path:
         result: the RunResult dict written by experiments/hparam.py (hparam.json).
         out: folder for hparam_speedup.png.
     """
+    plt = pyplot()
     cfg, env, groups = result["config"], result["env"], result["metrics"]["groups"]
     x = list(range(len(groups)))
     names = [f"width {g['width']}\ndepth {g['depth']}" for g in groups]
@@ -210,6 +214,7 @@ def batch_size(result: dict, out: Path) -> Path:
     """Steps and examples to the target validation error against batch size (log-log), with
     the perfect-scaling line through the fewest examples, the 1.25x band that defines the
     perfect regime, and each point's regime shaded (`scaling_regimes`)."""
+    plt = pyplot()
     rows = [r for r in result["metrics"]["rows"] if r["reached"]]
     cfg, env = result["config"], result["env"]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
@@ -287,6 +292,7 @@ def time_to_accuracy(data: dict, out: Path) -> Path:
         data: the RunResult dict written by experiments/time_to_accuracy.py.
         out: folder for time_to_accuracy.png.
     """
+    plt = pyplot()
     rows, env, cfg = data["metrics"]["rows"], data["env"], data["config"]
     models = list(dict.fromkeys(r["model"] for r in rows))
     label = lambda r: r.get("label", r["strategy"])  # noqa: E731  (strategy, and its schedule)
@@ -339,6 +345,7 @@ def peers_bars(data: dict, out: Path) -> Path:
     Returns:
         the PNG path.
     """
+    plt = pyplot()
     rows, env, cfg = data["metrics"]["rows"], data["env"], data["config"]
     models = list(dict.fromkeys(r["model"] for r in rows))
     tallest = max((sum(r["model"] == m for r in rows) for m in models), default=1)
@@ -362,3 +369,46 @@ def peers_bars(data: dict, out: Path) -> Path:
                            f"torch {env.get('torch')}")
     fig.tight_layout()
     return save(fig, out / "peers.png")
+
+
+def machines_speedup(data: dict, out: Path) -> Path:
+    """One panel per model: speed-up over one worker against devices (solid) and MPI ranks
+    (dashed) on every measured machine, weak scaling, with the ideal.
+
+    Args:
+        data: {'machines': [machine.json dicts, each with 'files']} (experiments.sources).
+        out: folder for machines.png.
+    """
+    plt = pyplot()
+    machines = data["machines"]
+    models = list(dict.fromkeys(r["model"] for m in machines for r in m["metrics"]["rows"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models), 4.4), squeeze=False)
+    top = 1
+    for ax, model in zip(axes[0], models):
+        for i, m in enumerate(machines):
+            name = f"{m['files'][0].parent.name} ({machine_name(m['env'])})"
+            for part, ls, marker in (("devices", "-", "o"), ("ranks", "--", "s")):
+                line = sorted((r for r in m["metrics"]["rows"] if r["model"] == model
+                               and r["speedup"] is not None
+                               and (r["part"] == part or (part == "ranks" and r["part"] == "devices"
+                                                          and r["workers"] == 1))),
+                              key=lambda r: r["workers"])
+                if len(line) > 1:
+                    top = max(top, *(r["workers"] for r in line))
+                    ax.plot([r["workers"] for r in line], [r["speedup"] for r in line], ls=ls,
+                            marker=marker, color=f"C{i % 10}", mfc="none", label=f"{name}: {part}")
+        ax.plot([1, top], [1, top], color="k", lw=1, label="ideal")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        plain_log_axis(ax.xaxis, base=2, between=False)
+        plain_log_axis(ax.yaxis, base=2)
+        ax.set_xlabel("devices or MPI ranks (one XLA thread each on a CPU)")
+        ax.set_ylabel("speed-up in images/s over one")
+        ax.set_title(f"{model}, weak scaling", fontsize=10)
+        ax.grid(True, which="major", alpha=0.3)
+    legend = {}  # every line of every panel once (a panel may lack a part another has)
+    for ax in axes[0]:
+        legend.update({label: handle for handle, label in zip(*ax.get_legend_handles_labels())})
+    legend_below(fig, list(legend.values()), list(legend), ncol=2)
+    fig.tight_layout()
+    return save(fig, out / "machines.png")

@@ -18,7 +18,7 @@ from jaxpar.errors import ResultsError
 
 @dataclass(frozen=True)
 class Source:
-    path: str      # under the data folder: a results file, or a folder of bench points
+    path: str      # under the data folder: a results file (a * in it: one per machine), or a folder of bench points
     kind: str      # the RunResult kind the file holds ('' for a folder of points)
     command: str   # what writes it (OUT is the data folder's sub-folder)
 
@@ -42,6 +42,8 @@ SOURCES: dict[str, Source] = {
     # This machine's profile for the cost model (jaxpar.cost); its checks read every study's points.
     "cost": Source("cost/profile.json", "profile", "`python -m experiments profile --out OUT`"),
     "peers": Source("peers/peers.json", "peers", "`python -m experiments peers --out OUT` (needs the `peer` extra)"),
+    # One folder per machine measured, named after it.
+    "machines": Source("machines/*/machine.json", "machine", "`python -m experiments machine --out OUT`"),
 }
 
 
@@ -52,7 +54,13 @@ def path_of(data_dir: Path, name: str) -> Path:
 def command(data_dir: Path, name: str) -> str:
     """The command that writes source `name` under `data_dir`."""
     path = path_of(data_dir, name)
-    return SOURCES[name].command.replace("OUT", str(path.parent if SOURCES[name].kind else path))
+    out = str(path.parent if SOURCES[name].kind else path).replace("*", "NAME")
+    return SOURCES[name].command.replace("OUT", out)
+
+
+def files(data_dir: Path, name: str) -> list[Path]:
+    """The results files of a source whose path has a * (one per machine), sorted."""
+    return sorted(Path(data_dir).glob(SOURCES[name].path))
 
 
 def missing(data_dir: Path, name: str) -> str:
@@ -62,12 +70,15 @@ def missing(data_dir: Path, name: str) -> str:
 
 def present(data_dir: Path, name: str) -> bool:
     path = path_of(data_dir, name)
+    if "*" in SOURCES[name].path:
+        return bool(files(data_dir, name))
     return path.is_dir() if not SOURCES[name].kind else path.is_file()
 
 
 def load(data_dir: Path, name: str) -> dict[str, Any]:
     """Source `name` under `data_dir` as {'config', 'env', 'metrics', 'strategy', 'history'};
-    a folder of points (scaling) as {'points': speedup.load_points(...)}.
+    a folder of points (scaling) as {'points': speedup.load_points(...)}; a file per machine
+    (a * in its path) as {'machines': [one such dict per file]}.
 
     Raises:
       ResultsError: the file is missing (naming the command that writes it), unreadable, or
@@ -81,6 +92,13 @@ def load(data_dir: Path, name: str) -> dict[str, Any]:
         if not points:
             raise ResultsError(f"no {results.RESULT_FILE} under {path}; {command(data_dir, name)} writes them")
         return {"points": points, "files": sorted(path.rglob(results.RESULT_FILE))}
+    if "*" in SOURCES[name].path:  # one file per machine
+        found = files(data_dir, name)
+        return {"machines": [_load_file(p, kind, data_dir, name) for p in found], "files": found}
+    return _load_file(path, kind, data_dir, name)
+
+
+def _load_file(path: Path, kind: str, data_dir: Path, name: str) -> dict[str, Any]:
     try:
         result = results.load(path)
     except ResultsError as e:

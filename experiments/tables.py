@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from experiments import cost_check, peers_report, plots, sources, speedup
+from experiments import cost_check, machine_rows, peers_report, plots, sources, speedup
 from experiments.rank_scaling import ranks_cell
 from jaxpar import cost, results
 from jaxpar.config import TrainConfig, to_dict
@@ -359,6 +359,38 @@ def cost_assumptions(_: Path) -> str:
     return markdown(["assumed", "value", "source"], rows)
 
 
+def _scaling_cell(rows: list[dict], part: str) -> str:
+    """'8: 5.1x (0.64)': the most workers of a part, speed-up over one and efficiency."""
+    here = [r for r in rows if r["part"] == part and r["speedup"] is not None and r["workers"] > 1]
+    if not here:
+        return DASH
+    top = max(here, key=lambda r: r["workers"])
+    return f"{top['workers']}: {top['speedup']:.2f}x ({top['efficiency']:.2f})"
+
+
+def other_machines(data_dir: Path) -> str:
+    """Each measured machine's models: one-device step beside PyTorch eager, and the speed-up
+    at the most devices and MPI ranks (efficiency in brackets)."""
+    out = []
+    for m in sources.load(data_dir, "machines")["machines"]:
+        env, rows = m["env"], m["metrics"]["rows"]
+        where = f"{m['files'][0].parent.name}: {machine_rows.machine_name(env)}"
+        for model in dict.fromkeys(r["model"] for r in rows):
+            here = [r for r in rows if r["model"] == model]
+            one = next((r for r in here if r["part"] == "one-device"), None)
+            torch = next((r for r in here if r["part"] == "torch"), None)
+            out.append([where, model, DASH if one is None else f"{one['ms']:.2f}",
+                        DASH if one is None else num(one["images_per_sec"]),
+                        DASH if torch is None else num(torch["images_per_sec"]),
+                        DASH if one is None or one["speedup"] is None else f"{one['speedup']:.2f}x",
+                        _scaling_cell(here, "devices"), _scaling_cell(here, "ranks"),
+                        f"jax {env['jax']}, {env['time'][:10]}, {_revision(env)}; "
+                        f"{machine_rows.load_words(m)}"])
+    return markdown(["machine", "model", "1 device ms/step", "images/s", "PyTorch eager images/s",
+                     "jaxpar / PyTorch", "devices: speed-up (efficiency)",
+                     "MPI ranks: speed-up (efficiency)", "software, date, revision; how busy"], out)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "strategy-list": strategy_list,
     "main-results": main_results,
@@ -377,6 +409,11 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "cost-points": cost_points,
     "cost-assumptions": cost_assumptions,
     # One line per results folder (the two training runs share theirs).
+
+
+    "other-machines": other_machines,
+    # One line per results folder (the two training runs share theirs; each machine's row
+    # names its own).
     **{f"machine-{name.removesuffix('-cnn')}": functools.partial(machine_line, name)
-       for name in sources.SOURCES if name != "train-mlp"},
+       for name in sources.SOURCES if name not in ("train-mlp", "machines")},
 }

@@ -65,17 +65,22 @@ def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, compiled: bool
     return step
 
 
-def time_steps(step, batch, iters: int, warmup: int) -> tuple[list[float], float]:
-    """(seconds of each of `iters` timed steps, seconds of the first step) after `warmup`."""
+def time_steps(step, batch, iters: int, warmup: int, wait=lambda: None) -> tuple[list[float], float]:
+    """(seconds of each of `iters` timed steps, seconds of the first step) after `warmup`;
+    `wait` returns when the device is done (a GPU runs asynchronously, as jaxpar's steps are
+    waited for)."""
     start = time.perf_counter()
     step(*batch)
+    wait()
     first = time.perf_counter() - start
     for _ in range(max(warmup - 1, 0)):
         step(*batch)
+    wait()
     times = []
     for _ in range(iters):
         start = time.perf_counter()
         step(*batch)
+        wait()
         times.append(time.perf_counter() - start)
     return times, first
 
@@ -99,15 +104,18 @@ def batch_for(size: int, rows: slice = slice(None)):
 
 
 def single(point: TorchPoint) -> dict:
-    """A single-process point (eager or compile), one intra-op thread per core it may use
-    (as XLA sizes its pool)."""
+    """A single-process point (eager or compile) on `point.device`, one intra-op thread per
+    core it may use (as XLA sizes its pool)."""
     threads = len(cores())
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = torch_models.make_twin(point.model).train()
+    device = torch.device(point.device)
+    model = torch_models.make_twin(point.model).train().to(device)
     opt = make_optimizer(model.parameters(), point)
     step = make_step(model, opt, compiled=point.mode == "compile")
-    times, first = time_steps(step, batch_for(point.batch_size), point.iters, point.warmup)
+    batch = tuple(t.to(device) for t in batch_for(point.batch_size))
+    wait = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times, first = time_steps(step, batch, point.iters, point.warmup, wait)
     return {"times_s": times, "first_step_s": first, "threads": threads, "processes": 1,
             "interop_threads": torch.get_num_interop_threads(),
             "param_count": torch_models.param_count(model),

@@ -38,6 +38,7 @@ class TorchPoint:
       ranks: processes (1 unless mode is ddp).
       adam: a key of ADAM_KERNELS; lr: Adam's learning rate (constant).
       matmul_peak: also time a 2048^3 f32 matmul at the point's threads.
+      device: where the model runs, a torch device ("cpu", "cuda"); eager and compile only.
     """
 
     folder: str
@@ -50,6 +51,7 @@ class TorchPoint:
     adam: str
     lr: float
     matmul_peak: bool
+    device: str = "cpu"
 
     def settings(self) -> dict:
         """What its result must record to be reused (everything but where it lives)."""
@@ -68,7 +70,7 @@ def stored(folder: Path, point: TorchPoint) -> dict | None:
     is damaged (run it again); ConfigError when it ran other settings."""
     try:
         done = json.loads((folder / RESULT_FILE).read_text())
-        have = done["point"]
+        have = {"device": "cpu", **done["point"]}  # written before points had a device: the CPU
         float(done["median_ms"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -201,7 +201,8 @@ def _started(config: TrainConfig, out: str | None, console) -> Iterator[Any]:
     that fails leaves no folder it created. Yields the console of the main process (others
     print nothing)."""
     simulate_cpu_devices(config.parallel.devices)  # before JAX's backend starts
-    distributed.setup(distributed_mode(config), config.parallel.single_thread)
+    distributed.setup(distributed_mode(config), config.parallel.single_thread,
+                      config.parallel.devices or 1)
     validate(config)  # every option and combination, before any work or write
     created = out is not None and not Path(out).exists()
     if out is not None:

@@ -29,11 +29,11 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
 from jaxpar.config import RESUME_AUTO, TrainConfig, to_dict
 from jaxpar.distributed import mpi_rank
 from jaxpar.errors import ConfigError
+from jaxpar.optional import require
 
 FORMAT = "jaxpar-checkpoint-v1"
 TMP_MARK = ".orbax-checkpoint-tmp"  # in the name of a folder orbax has not finished writing
@@ -42,6 +42,11 @@ TMP_MARK = ".orbax-checkpoint-tmp"  # in the name of a folder orbax has not fini
 # numbers. Everything else (data, model, optimizer, seed, length) fixes the trajectory.
 RESUMABLE = {"parallel", "out", "progress", "events", "eval_every", "checkpoint_dir", "checkpoint_every",
              "resume", "data.data_dir", "data.cache_dir", "data.eval_batch_size"}
+
+
+def orbax():
+    """orbax.checkpoint, imported when a run checkpoints (MissingDependency when absent)."""
+    return require("orbax.checkpoint", "checkpoints (--checkpoint-dir, --resume)")
 
 
 class CheckpointError(ConfigError):
@@ -127,6 +132,7 @@ class Checkpointer:
             latest = f" (latest step {steps[-1]})" if steps else ""
             raise CheckpointError(f"--checkpoint-dir {str(self.directory)!r} is not empty{latest}; "
                                   "pass --resume to continue it or choose an empty --checkpoint-dir")
+        ocp = self._ocp = orbax()
         options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                                enable_async_checkpointing=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
@@ -170,8 +176,9 @@ class Checkpointer:
         progress = json.loads(json.dumps(progress))
         meta = {"format": FORMAT, "step": step, "config": to_dict(self.config),
                 "leaves": {k: [list(v.shape), str(v.dtype)] for k, v in flat.items()}, **progress}
-        self.manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(flat), meta=ocp.args.JsonSave(meta)), force=True)
+        args = self._ocp.args
+        self.manager.save(step, args=args.Composite(
+            state=args.StandardSave(flat), meta=args.JsonSave(meta)), force=True)
         self.last_saved = step
         return self.directory / str(step)
 
@@ -195,10 +202,11 @@ class Checkpointer:
         """
         flat_target = flatten(target)
         steps = self._complete_steps()
+        args = self._ocp.args
         for step in reversed(steps):
             folder = self.directory / str(step)
             try:
-                meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+                meta = self.manager.restore(step, args=args.Composite(meta=args.JsonRestore()))["meta"]
                 if meta.get("format") != FORMAT:
                     raise CheckpointError(f"{folder} is not a jaxpar checkpoint")
             except CheckpointError:
@@ -208,8 +216,8 @@ class Checkpointer:
                 continue
             self._check(meta, flat_target, folder)
             try:
-                flat = self.manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(flat_target)))["state"]
+                flat = self.manager.restore(step, args=args.Composite(
+                    state=args.StandardRestore(flat_target)))["state"]
             except Exception as e:
                 self._skip(folder, e, steps)
                 continue
@@ -273,6 +281,7 @@ def load(directory: str, step: int | None = None) -> tuple[dict[str, np.ndarray]
       directory: a --checkpoint-dir.
       step: which step (default: the latest).
     """
+    ocp = orbax()
     manager = ocp.CheckpointManager(Path(directory).absolute(),
                                     options=ocp.CheckpointManagerOptions(create=False))
     step = manager.latest_step() if step is None else step

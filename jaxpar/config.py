@@ -85,7 +85,7 @@ class ParallelConfig:
     # None: stages balanced by XLA's FLOP count of each layer (jaxpar.parallel.partition).
     stage_boundaries: tuple[int, ...] | None = _opt(None, "layer-split, pipeline, gems: the first layer of each stage after the first, e.g. 2,5 (default: balanced by FLOPs)")
     distributed: str = _opt("auto", "join processes with jax.distributed: auto (when launched by mpiexec/srun) | mpi | slurm | none")
-    single_thread: bool = _opt(False, "one XLA thread per process, pinned to core rank %% cores (honest rank scaling)")
+    single_thread: bool = _opt(False, "one XLA thread per device, each process pinned to as many cores (rank r of D devices: cores r*D .. r*D+D-1, modulo the cores; honest rank and device scaling); CPU backend only")
 
 
 @dataclass(frozen=True)

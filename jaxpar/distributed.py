@@ -15,6 +15,7 @@ import sys
 import time
 
 from jaxpar import mesh as meshlib
+from jaxpar import optional
 from jaxpar.errors import ConfigError
 
 MODES = ("auto", "mpi", "slurm", "none")  # --distributed
@@ -28,9 +29,7 @@ INIT_TIMEOUT_S = 30
 HEARTBEAT_TIMEOUT_S = 10
 SHUTDOWN_TIMEOUT_S = 10
 
-INSTALL_HINT = (
-    "install the `mpi` extra: `make test` does it, or `pip install mpi4py mpich` then "
-    "`MPI4JAX_BUILD_MPICC=$VENV/bin/mpicc CUDA_PATH=<an empty folder> pip install --no-cache-dir mpi4jax`")
+INSTALL_HINT = f"install the `mpi` extra: {optional.MPI4JAX_INSTALL}"
 
 
 def import_mpi():
@@ -74,14 +73,20 @@ def is_main() -> bool:
     return mpi_rank()[0] == 0
 
 
-def single_thread() -> None:
-    """Make this rank single-threaded and pin it to core rank % cores. Before `import jax`."""
+def single_thread(devices: int = 1) -> None:
+    """One XLA:CPU thread per device, this rank pinned to as many cores: rank r of D devices
+    each on cores r*D .. r*D+D-1 (modulo the cores it may use), so that D simulated devices
+    or R ranks of one device each run one thread per core. Before JAX's backend starts; only
+    when it will be the CPU (`mesh.cpu_backend_expected`): a GPU rank keeps its host threads."""
+    if not meshlib.cpu_backend_expected():
+        return
     flag = meshlib.SINGLE_THREAD_FLAG
     if flag not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
     try:
         cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[mpi_rank()[0] % len(cores)]})
+        first = mpi_rank()[0] * devices
+        os.sched_setaffinity(0, {cores[(first + i) % len(cores)] for i in range(devices)})
     except (AttributeError, OSError):
         pass  # no affinity API (macOS): single-threaded, unpinned
 
@@ -178,10 +183,15 @@ def initialize(mode: str) -> None:
                                local_device_ids=[0], **timeouts)
 
 
-def setup(mode: str, single_threaded: bool) -> None:
-    """Everything a rank does before JAX's backend starts: threads, fault hook, distributed."""
+def setup(mode: str, single_threaded: bool, devices: int = 1) -> None:
+    """Everything a rank does before JAX's backend starts: threads, fault hook, distributed.
+
+    Args:
+      devices: this process's devices (simulated CPU devices), one thread each when
+        `single_threaded`.
+    """
     if single_threaded:
-        single_thread()
+        single_thread(devices)
     install_abort_hook()
     initialize(mode)
     if os.environ.get("JAXPAR_FAIL_RANK") == str(mpi_rank()[0]):  # fault-handling test

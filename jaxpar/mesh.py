@@ -43,13 +43,46 @@ def single_threaded() -> bool:
 EIGEN_CONVOLUTIONS_FLAG = "--xla_cpu_experimental_ynn_fusion_type=-individual_convolution"
 
 
+def accelerator_plugins() -> list[str]:
+    """The accelerator backends JAX will find here (its PJRT plugins: jax[cuda13]'s
+    jax_cuda13_plugin, ROCm's; a TPU's libtpu), found without starting any backend: JAX looks
+    for plugins as modules of the `jax_plugins` namespace and as `jax_plugins` entry points."""
+    import importlib.metadata
+    import importlib.util
+    import pkgutil
+
+    found = [e.name for e in importlib.metadata.entry_points(group="jax_plugins")]
+    try:
+        import jax_plugins  # a namespace package, present only where a plugin is installed
+
+        found += [m.name for m in pkgutil.iter_modules(jax_plugins.__path__)]
+    except ImportError:
+        pass
+    if importlib.util.find_spec("libtpu") is not None:
+        found.append("libtpu")
+    return sorted(set(found))
+
+
+def cpu_backend_expected() -> bool:
+    """Whether JAX's default backend in this process will be the CPU, decided before it starts
+    (XLA reads XLA_FLAGS once, when it does): JAX_PLATFORMS names cpu first, or it names nothing
+    and no accelerator plugin is installed. CPU-only settings (XLA:CPU flags, one pinned thread
+    per rank) are made only then: on a GPU machine they would hold back the host. A machine with
+    a GPU plugin but no GPU falls back to the CPU without them; JAX_PLATFORMS=cpu brings them."""
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip()
+    if platforms:
+        return platforms.split(",")[0].strip() == "cpu"
+    return not accelerator_plugins()
+
+
 def eigen_cpu_convolutions() -> None:
     """Run XLA:CPU convolutions on its multi-threaded Eigen path (EIGEN_CONVOLUTIONS_FLAG),
-    unless XLA_FLAGS already says what YNNPACK fuses. Only before JAX's backend starts (XLA
-    reads XLA_FLAGS once): `import jaxpar` calls it, so the CLI, the studies' processes and
-    the tests get it; a program that started JAX before importing jaxpar keeps XLA's default."""
+    unless XLA_FLAGS already says what YNNPACK fuses, or the backend will not be the CPU
+    (`cpu_backend_expected`). Only before JAX's backend starts (XLA reads XLA_FLAGS once):
+    `import jaxpar` calls it, so the CLI, the studies' processes and the tests get it; a
+    program that started JAX before importing jaxpar keeps XLA's default."""
     flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_cpu_experimental_ynn_fusion_type" not in flags:
+    if cpu_backend_expected() and "xla_cpu_experimental_ynn_fusion_type" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {EIGEN_CONVOLUTIONS_FLAG}".strip()
 
 

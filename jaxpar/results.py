@@ -177,8 +177,9 @@ def environment() -> dict[str, Any]:
         "cpu_cores": os.cpu_count(),
         "cores_available": affinity,
         "threads": threads_setting(),
-        # XLA sizes its CPU thread pool to the cores this process may run on (its affinity).
-        "threads_per_process": 1 if mesh.single_threaded() else affinity,
+        # XLA sizes its CPU thread pool to the cores this process may run on (its affinity);
+        # single-threaded (--single-thread), each of its devices runs one thread.
+        "threads_per_process": jax.local_device_count() if mesh.single_threaded() else affinity,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "host": platform.node(),
         "platform": platform.platform(),
@@ -190,5 +191,5 @@ def environment() -> dict[str, Any]:
 def threads_setting() -> str:
     """How many threads XLA's CPU backend may use, as far as the environment says."""
     if mesh.single_threaded():
-        return f"1 ({mesh.SINGLE_THREAD_FLAG.lstrip('-')})"
+        return f"1 per device ({mesh.SINGLE_THREAD_FLAG.lstrip('-')})"
     return f"default (up to {os.cpu_count()} cores shared by all simulated devices)"

@@ -33,11 +33,15 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
-import tensorflow_datasets as tfds
-from tensorflow_datasets.proto import tf_example_pb2
 
 from jaxpar.errors import DataError
 from jaxpar.idx import IDX_FILE_STEMS, find_idx_files, read_split
+from jaxpar.optional import require
+
+# The module's reason to be (its builder subclasses TFDS's): importing it needs TFDS, and says so.
+tfds = require("tensorflow_datasets", "real data sets (--dataset fashion_mnist or mnist; "
+                                      "--dataset synthetic needs none)")
+from tensorflow_datasets.proto import tf_example_pb2  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +335,8 @@ def _read_split(builder: _IdxBuilder, split: str) -> tuple[np.ndarray, np.ndarra
     listed in the dataset's own metadata) sequentially and pulling the two
     fields out of each tf.train.Example takes ~1 s.
     """
-    from array_record.python.array_record_module import ArrayRecordReader
+    ArrayRecordReader = require("array_record.python.array_record_module",
+                                "reading prepared data sets").ArrayRecordReader
 
     images, labels = [], []
     for shard in builder.info.splits[split].file_instructions:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from experiments.demo.safety import PASSWORD_ENV, Limits, auth_for, password_from
 from experiments.options import option
-from jaxpar.errors import ConfigError, UserError
+from jaxpar.errors import ConfigError
+from jaxpar.optional import require
 
 DEFAULT_PORT = 7860  # Gradio's own default, so its documentation applies
 PORTS_TRIED = 20     # a port in use: the next free one of this many is used instead
@@ -55,12 +56,7 @@ def import_gradio():
     """Gradio, imported with its network features off; UserError naming the install if absent."""
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)
-    try:
-        import gradio
-    except ImportError:
-        raise UserError("the demo needs the optional `demo` extra (Gradio): pip install -e '.[demo]' "
-                        "(or `make test`, which installs it)") from None
-    return gradio
+    return require("gradio", "the demo (the `demo` extra; `make test` installs it)")
 
 
 def free_port(host: str, port: int) -> int:
