@@ -11,7 +11,7 @@ this module says which table it walks, how many micro-batches and replicas, and 
 
 from __future__ import annotations
 
-from jaxpar.parallel import schedules
+from jaxpar.parallel import partition, schedules
 from jaxpar.parallel.host_pipeline import HostPipeline
 from jaxpar.parallel.pipeline_common import GemsFace, PipelineFace
 
@@ -36,7 +36,10 @@ class PipelineMPMD(PipelineFace, HostPipeline):
         return {"microbatches": self.M, "schedule": self.schedule_name,
                 "slots": len(self.table), "bubble_fraction": schedules.bubble_fraction(self.table),
                 "bubble_theory": self.bubble_theory(),
-                "peak_in_flight_per_stage": schedules.peak_in_flight(self.table)}
+                "peak_in_flight_per_stage": schedules.peak_in_flight(self.table),
+                # on S dedicated workers (ranks, GPUs); simulated devices share the cores
+                "speedup_bound": partition.speedup_bound(self.config, self.starts,
+                                                         schedules.bubble_fraction(self.table))}
 
     def describe(self) -> dict:
         return {**super().describe(), **self._schedule_facts(), "remat": self.remat}
