@@ -333,5 +333,7 @@ class MpiPipeline(mpi_common.OnePerRank):
                 "bubble_fraction": schedules.bubble_fraction(self.table),
                 "bubble_theory": schedules.bubble_theory(self.size, self.M),
                 "peak_in_flight_per_stage": schedules.peak_in_flight(self.table),
+                "speedup_bound": partition.speedup_bound(self.config, self.starts,
+                                                         schedules.bubble_fraction(self.table)),
                 "remat": self.config.parallel.remat, "stage_param_bytes": self.stage_param_bytes(),
                 "messages": "mpi4jax send / recv / sendrecv between neighbouring ranks"}
