@@ -32,11 +32,11 @@ from pathlib import Path
 
 from experiments import options, peers_mp, peers_report, plots_studies, points, rank_scaling, torch_point
 from experiments.options import BenchOptions, option
+from experiments.peers_jaxpar import train_config
 from experiments.points import Point, PointError
 from experiments.study import Study, at_least, distinct
 from experiments.torch_point import ADAM_KERNELS, TorchPoint
 from jaxpar import results
-from jaxpar.config import TrainConfig, with_options
 from jaxpar.errors import ConfigError, ResultsError
 from jaxpar.models import abstract_model, param_count
 from jaxpar.parallel import STRATEGIES
@@ -45,7 +45,6 @@ from jaxpar.parallel.base import STEPS_OPTION
 SECTIONS = ("data-parallel", peers_mp.SECTION)
 INSTALL_HINT = ("install the `peer` extra, which pins torch==2.13.0 (a CPU wheel): "
                 "`pip install '.[peer]'` or `make peer`")
-OPTIMIZER = "adam"  # what the PyTorch side runs (torch.optim.Adam); jaxpar's is pinned to it
 # The configurations of every model, in table order: (key, framework, what it is).
 CONFIGS = (("jaxpar-single", "jaxpar", "single, 1 device"),
            ("jaxpar-best", "jaxpar", "best single-process configuration"),
@@ -159,16 +158,6 @@ def plan(config: PeersConfig) -> Plan:
     candidates = tuple((s, n, k) for s, n in pairs for k in config.best_steps_per_dispatch
                        if k == 1 or STEPS_OPTION in STRATEGIES[s].options)
     return Plan(tuple(models), candidates, skipped)
-
-
-def train_config(config: PeersConfig, model: str, strategy: str, devices: int = 1,
-                 ranks: bool = False, steps_per_dispatch: int = 1) -> TrainConfig:
-    """What a jaxpar point trains: PyTorch's optimizer exactly (Adam, constant lr), the model's
-    defaults (the fast CPU layers included), synthetic data."""
-    return with_options(TrainConfig(), dataset="synthetic", model=model, strategy=strategy,
-                        devices=devices, batch_size=config.batch_size, optimizer=OPTIMIZER,
-                        lr=config.lr, lr_schedule="constant", single_thread=ranks,
-                        steps_per_dispatch=steps_per_dispatch)
 
 
 def screen_point(config: PeersConfig, model: str, strategy: str, devices: int, k: int) -> Point:

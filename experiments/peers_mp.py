@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from experiments import rank_scaling
+from experiments import peers_jaxpar, rank_scaling
 from experiments.options import BenchOptions
 from experiments.points import Point
 from experiments.torch_point import TorchPoint
@@ -66,10 +66,8 @@ def entries(config) -> dict[str, Entry]:
 
 
 def train_config(config, entry: Entry) -> TrainConfig:
-    """What a jaxpar configuration trains (experiments.peers.train_config's settings)."""
-    from experiments.peers import train_config as peers_train_config  # peers imports this module
-
-    base = peers_train_config(config, config.mp_model, entry.strategy,
+    """What a jaxpar configuration trains (the data-parallel section's settings)."""
+    base = peers_jaxpar.train_config(config, config.mp_model, entry.strategy,
                               1 if entry.on_ranks else config.ranks, ranks=entry.on_ranks)
     if entry.schedule is None:
         return base

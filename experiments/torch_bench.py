@@ -174,23 +174,16 @@ def ranks(body, point: TorchPoint, out: Path) -> dict:
     return result
 
 
-def rank_body(mode: str):
-    """What each rank of a RANK_MODES point runs."""
-    if mode == "ddp":
-        return ddp_rank
-    # Imported here: torch_parallel builds on this module's helpers.
-    from experiments import torch_parallel
-
-    return torch_parallel.BODIES[mode]
-
-
-def main(argv: list[str]) -> int:
-    """Run the point described by argv[0] (a point.json); write torch.json beside it."""
+def main(argv: list[str], bodies: dict | None = None) -> int:
+    """Run the point described by argv[0] (a point.json); write torch.json beside it.
+    `bodies`: what each rank runs, by mode (DDP here; experiments/torch_parallel.py adds the
+    model-parallel modes and calls this)."""
+    bodies = {"ddp": ddp_rank, **(bodies or {})}
     path = Path(argv[0])
     point = TorchPoint.from_json(path.read_text())
     out = path.with_name(RESULT_FILE)
     try:
-        result = ranks(rank_body(point.mode), point, out) if point.mode in RANK_MODES else single(point)
+        result = ranks(bodies[point.mode], point, out) if point.mode in RANK_MODES else single(point)
     except Exception as e:  # noqa: BLE001 (torch.compile's failures come in many types)
         traceback.print_exc()
         print(f"torch_bench: {point.mode} failed: {type(e).__name__}: "

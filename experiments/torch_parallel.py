@@ -1,10 +1,10 @@
 """PyTorch's model parallelism on CPU over gloo, for the `peers` study's model-parallel rows:
 one rank of a `torch.distributed.pipelining` pipeline (ScheduleGPipe or Schedule1F1B, a stage
 per rank) or of DTensor tensor parallelism (`torch.distributed.tensor.parallel`). Each
-function runs inside a rank that experiments.torch_bench started (1 thread, pinned, gloo
+function runs inside a rank that experiments.torch_bench's machinery started (1 thread, pinned, gloo
 initialised, seeded) and returns what it measured.
 
-    python -m experiments.torch_bench OUT/FOLDER/point.json    # a TorchPoint of mode gpipe | 1f1b | tp
+    python -m experiments.torch_parallel OUT/FOLDER/point.json    # a TorchPoint of mode gpipe | 1f1b | tp
 
 The step is torch_bench's: uint8 images normalised in the first stage, mean cross-entropy,
 backward, Adam (fused: one parameter group per tensor kind, see `tensor_rank`). Pipeline
@@ -16,10 +16,12 @@ micro-batch gradients (its scale_grads), so a step is one global-batch step.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch.nn import functional as F
 
-from experiments import torch_models
+from experiments import torch_bench, torch_models
 from experiments.torch_bench import batch_for, make_optimizer, make_step, time_steps
 from experiments.torch_point import TorchPoint
 
@@ -75,3 +77,6 @@ def tensor_rank(rank: int, point: TorchPoint) -> dict:
 
 
 BODIES = {"gpipe": pipeline_rank, "1f1b": pipeline_rank, "tp": tensor_rank}
+
+if __name__ == "__main__":
+    sys.exit(torch_bench.main(sys.argv[1:], BODIES))

@@ -2,9 +2,10 @@
 `experiments.points` resumes jaxpar points (this module imports neither torch nor JAX).
 
     python -m experiments.torch_bench OUT/FOLDER/point.json    # runs the point it describes
+    python -m experiments.torch_parallel OUT/FOLDER/point.json  # (pipelining, tensor parallelism)
 
 `run` writes OUT/FOLDER/point.json (the settings) and starts `python -m experiments.torch_bench
-OUT/FOLDER/point.json`, which writes OUT/FOLDER/torch.json recording the settings it ran.
+OUT/FOLDER/point.json` (`module`), which writes OUT/FOLDER/torch.json recording the settings it ran.
 Before any work the study calls `stored` on every point already in OUT: a complete result of
 the same settings is reused, a damaged one is run again, and one of other settings is refused
 (ConfigError naming the folder).
@@ -25,6 +26,13 @@ MODES = ("eager", "compile", "ddp", "gpipe", "1f1b", "tp")
 # Modes of `ranks` gloo processes: data parallel, the two pipelining schedules, tensor parallel.
 RANK_MODES = ("ddp", "gpipe", "1f1b", "tp")
 PIPELINE_MODES = ("gpipe", "1f1b")  # torch.distributed.pipelining's ScheduleGPipe, Schedule1F1B
+# The process each mode runs in: model parallelism in its own module (it builds on torch_bench).
+MODEL_PARALLEL_MODES = ("gpipe", "1f1b", "tp")
+
+
+def module(mode: str) -> str:
+    """The module whose `python -m` runs a point of `mode`."""
+    return "experiments.torch_parallel" if mode in MODEL_PARALLEL_MODES else "experiments.torch_bench"
 # PyTorch's Adam kernels on CPU, by the study's --adam name: torch.optim.Adam's arguments.
 # Untold, PyTorch picks the for-loop one on CPU.
 ADAM_KERNELS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
@@ -109,6 +117,6 @@ def run(point: TorchPoint, out: Path, timeout: float) -> dict:
     done = stored(folder, point)
     if done is None:
         path = results.write_atomic(folder / POINT_FILE, point.to_json())
-        run_point([sys.executable, "-m", "experiments.torch_bench", str(path)], timeout)
+        run_point([sys.executable, "-m", module(point.mode), str(path)], timeout)
         done = json.loads((folder / RESULT_FILE).read_text())
     return done
