@@ -216,6 +216,11 @@ def test_without_torch_exits_2_naming_the_install_and_writes_nothing(tmp_path, m
     (["--rank-strategy", "single"], "--rank-strategy single does not run across processes"),
     (["--best-strategies", "tensor"], "--best-strategies tensor: choose data-parallel strategies"),
     (["--ranks", "3"], "--batch-size 128 must be a multiple of --ranks 3"),
+    (["--sections", "pipelines"], "--sections pipelines: choose one or both of data-parallel, model-parallel"),
+    (["--microbatches", "7"], "--microbatches 7 must divide --batch-size 128"),
+    (["--mp-model", "resnet"], "--mp-model resnet: choose a model whose PyTorch twin is cut into stages"),
+    (["--mp-configs", "torch-zb"], "--mp-configs torch-zb: choose from torch-gpipe"),
+    (["--schedules", "zb"], "--schedules zb: choose from gpipe, 1f1b"),
 ])
 def test_bad_options_exit_2_before_any_work(tmp_path, capsys, flags, needle):
     pytest.importorskip("torch", reason=NO_TORCH)
