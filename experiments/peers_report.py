@@ -125,10 +125,7 @@ def table(data: dict) -> str:
             f"| {r['model']} | {r['framework']} | {r['what']} | {r['processes']} x {r['threads_per_process']} | "
             f"{r['ms_per_step']:.2f} | {r['images_per_sec']:,.0f} | {ratio} | {_num(r['achieved_gflops'], '.1f')} | "
             f"{_num(r['percent_of_peak'], '.1f')} | {_num(r['first_step_s'], '.2f')} |")
-    mp = data["metrics"].get("model_parallel")
-    if mp is None:
-        return "\n".join(lines)
-    return peers_mp.table(mp) if not data["metrics"]["rows"] else "\n".join(lines) + "\n\n" + peers_mp.table(mp)
+    return "\n".join(lines)
 
 
 def summary(data: dict) -> str:
@@ -139,7 +136,7 @@ def summary(data: dict) -> str:
         "\nModel-parallel section: 1-minute load average before each round and at the end: "
         + ", ".join(f"{x:.1f}" for x in mp["load_average_1min"]) + f" ({env['cpu_cores']} cores).\n")
     if not m["rows"]:  # only the model-parallel section ran
-        return table(data) + "\n" + mp_load
+        return peers_mp.table(mp) + "\n" + mp_load
     lines = [f"Global batch {cfg['batch_size']}, Adam (constant lr {cfg['lr']:g}, betas 0.9/0.999, "
              f"eps 1e-8; PyTorch's `{cfg['adam']}` kernel), synthetic data of the real shapes; "
              f"{cfg['rounds']} interleaved rounds, each a median of {cfg['iters']} steps after "
@@ -176,4 +173,4 @@ def summary(data: dict) -> str:
     for name, why in {**m["skipped"], **m["failed"]}.items():
         status = "skipped" if name in m["skipped"] else "failed"
         lines.append(f"\n{name}: {status} ({why.strip().splitlines()[-1] if why.strip() else ''})")
-    return "\n".join(lines) + "\n" + mp_load
+    return "\n".join(lines) + "\n" + ("" if mp is None else f"\n{peers_mp.table(mp)}\n" + mp_load)

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from experiments import peers_report, plots, sources, speedup
+from experiments import peers_mp, peers_report, plots, sources, speedup
 from experiments.rank_scaling import ranks_cell
 from jaxpar import results
 from jaxpar.config import TrainConfig, to_dict
@@ -282,6 +282,16 @@ def peers(data_dir: Path) -> str:
     return peers_report.table(sources.load(data_dir, "peers"))
 
 
+def peers_model_parallel(data_dir: Path) -> str:
+    """The peers study's model-parallel section: PyTorch's pipelining and DTensor beside jaxpar's."""
+    data = sources.load(data_dir, "peers")
+    if "model_parallel" not in data["metrics"]:
+        raise results.ResultsError(f"{sources.path_of(data_dir, 'peers')} has no model-parallel rows; "
+                                   f"{sources.command(data_dir, 'peers')} with --sections model-parallel "
+                                   "writes them")
+    return peers_mp.table(data["metrics"]["model_parallel"])
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "strategy-list": strategy_list,
     "main-results": main_results,
@@ -295,6 +305,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "time-to-accuracy": time_to_accuracy,
     "hparam": hparam,
     "peers": peers,
+    "peers-model-parallel": peers_model_parallel,
     # One line per results folder (the two training runs share theirs).
     **{f"machine-{name.removesuffix('-cnn')}": functools.partial(machine_line, name)
        for name in sources.SOURCES if name != "train-mlp"},
