@@ -361,8 +361,9 @@ def run(config: PeersConfig) -> list[Path] | None:
             config, {"models": [], "candidates": [], "skipped": {}}, {}, {}, {}, {}, {}, []))
     data["metrics"].pop("model_parallel", None)
     if mp:
-        data["metrics"]["model_parallel"] = model_parallel_section(config, keys, skipped)
-        failed |= data["metrics"]["model_parallel"]["failed"]
+        mp_section = data["metrics"]["model_parallel"] = model_parallel_section(config, keys, skipped)
+        failed |= mp_section["failed"]
+        data["env"]["torch"] = data["env"].get("torch") or mp_section["torch"]  # none yet: the section alone
     elif before and "model_parallel" in before["metrics"]:
         data["metrics"]["model_parallel"] = before["metrics"]["model_parallel"]
     paths = [results.write_atomic(out / "peers.json", results.RunResult(**data).to_json() + "\n"),

@@ -149,7 +149,8 @@ def section(config, records: dict, skipped: dict, failed: dict, load: list[float
                                                 "batch_size", "lr", "adam", "iters", "warmup", "rounds")}
     return {"config": {**settings, "stage_starts": list(stage_starts(config))},
             "rows": rows(config, records), "skipped": skipped, "failed": failed,
-            "load_average_1min": load}
+            "load_average_1min": load,
+            "torch": next((r["torch"] for recs in records.values() for r in recs if r.get("torch")), None)}
 
 
 def table(mp: dict) -> str:
