@@ -4,6 +4,7 @@ configuration, `mpi-allreduce` on the same ranks), all in one run, interleaved.
 
     python -m experiments peers --out figures/data/peers       # full: MLP, CNN, ResNet (tens of minutes)
     python -m experiments peers --quick --out /tmp/peers       # MLP, a few steps (a minute or two)
+    python -m experiments peers --sections model-parallel --out figures/data/peers   # that section alone
 
 Needs the `peer` extra (torch==2.13.0, CPU wheel): `pip install '.[peer]'` or `make peer`.
 Every configuration runs in its own process: jaxpar points through `experiments.points`
@@ -14,7 +15,9 @@ other settings. First a screening picks jaxpar's best single-process configurati
 --screen-iters steps each); then --rounds rounds go round-robin over every configuration,
 the order rotated each round, so drift on a shared machine hits all alike (each round its
 own folder: r0, r1, ...). A configuration's ms/step is the median over rounds of each
-round's median of --iters steps. Writes OUT/peers.json (RunResult: config, env,
+round's median of --iters steps. The model-parallel section (experiments/peers_mp.py) runs
+PyTorch's pipelining and tensor parallelism beside jaxpar's on the same ranks, in rounds of
+its own; --sections runs one section and keeps the other's rows from OUT/peers.json. Writes OUT/peers.json (RunResult: config, env,
 metrics.rows), OUT/summary.md and OUT/peers.png, atomically.
 """
 
@@ -22,22 +25,23 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments import options, peers_report, plots_studies, points, rank_scaling, torch_point
+from experiments import options, peers_mp, peers_report, plots_studies, points, rank_scaling, torch_point
 from experiments.options import BenchOptions, option
+from experiments.peers_jaxpar import train_config
 from experiments.points import Point, PointError
 from experiments.study import Study, at_least, distinct
 from experiments.torch_point import ADAM_KERNELS, TorchPoint
 from jaxpar import optional, results
-from jaxpar.config import TrainConfig, with_options
-from jaxpar.errors import ConfigError
+from jaxpar.errors import ConfigError, ResultsError
 from jaxpar.models import abstract_model, param_count
 from jaxpar.parallel import STRATEGIES
 from jaxpar.parallel.base import STEPS_OPTION
 
-OPTIMIZER = "adam"  # what the PyTorch side runs (torch.optim.Adam); jaxpar's is pinned to it
+SECTIONS = ("data-parallel", peers_mp.SECTION)
 # The configurations of every model, in table order: (key, framework, what it is).
 CONFIGS = (("jaxpar-single", "jaxpar", "single, 1 device"),
            ("jaxpar-best", "jaxpar", "best single-process configuration"),
@@ -68,13 +72,20 @@ class PeersConfig:
     # at its best, not at its defaults.
     adam: str = option("fused", f"PyTorch's Adam kernel: {' | '.join(ADAM_KERNELS)} (for-loop: what PyTorch picks on CPU untold)")
     compile: bool = option(True, "also time torch.compile (a failure is recorded with its reason)")
+    sections: tuple[str, ...] = option(SECTIONS, "data-parallel (the configurations above) and/or model-parallel (PyTorch's pipelining and tensor parallelism beside jaxpar's on --ranks ranks); a section not run keeps its rows from OUT/peers.json")
+    mp_model: str = option("cnn", "model-parallel section: the model (one whose PyTorch twin is cut into stages)", choices="model")
+    microbatches: int = option(8, "model-parallel section: micro-batches per global batch of every pipeline")
+    schedules: tuple[str, ...] = option(tuple(peers_mp.SCHEDULES), "model-parallel section: pipeline schedules (gpipe, 1f1b)")
+    mp_configs: tuple[str, ...] | None = option(None, "model-parallel section: its configurations to run (default: all; e.g. torch-gpipe,jaxpar-mpi-pipeline-gpipe)")
     timeout: int = options.timeout()
 
 
-# Every configuration once, for tests: the MLP, one round, a screening of four candidates.
+# Every configuration once, for tests: the MLP, one round, a screening of four candidates;
+# model parallelism: PyTorch's two pipelines and one jaxpar pipeline.
 QUICK = dataclasses.replace(PeersConfig(), models=("mlp",), iters=3, warmup=1, rounds=1,
                             best_devices=(2,), best_strategies=("dp-auto",),
-                            best_steps_per_dispatch=(1, 2), screen_iters=2,
+                            best_steps_per_dispatch=(1, 2), screen_iters=2, mp_model="mlp",
+                            mp_configs=("torch-gpipe", "torch-1f1b", "jaxpar-mpi-pipeline-gpipe"),
                             timeout=300)
 
 
@@ -102,6 +113,9 @@ def plan(config: PeersConfig) -> Plan:
         raise ConfigError(why)
     from experiments.torch_models import TWINS  # imports torch: only once it is there
 
+    unknown_sections = [x for x in config.sections if x not in SECTIONS]
+    if unknown_sections or not config.sections:
+        raise ConfigError(f"--sections {','.join(unknown_sections)}: choose one or both of {', '.join(SECTIONS)}")
     models = config.models or tuple(TWINS)
     bad = [m for m in models if m not in TWINS]
     if bad:
@@ -139,16 +153,6 @@ def plan(config: PeersConfig) -> Plan:
     candidates = tuple((s, n, k) for s, n in pairs for k in config.best_steps_per_dispatch
                        if k == 1 or STEPS_OPTION in STRATEGIES[s].options)
     return Plan(tuple(models), candidates, skipped)
-
-
-def train_config(config: PeersConfig, model: str, strategy: str, devices: int = 1,
-                 ranks: bool = False, steps_per_dispatch: int = 1) -> TrainConfig:
-    """What a jaxpar point trains: PyTorch's optimizer exactly (Adam, constant lr), the model's
-    defaults (the fast CPU layers included), synthetic data."""
-    return with_options(TrainConfig(), dataset="synthetic", model=model, strategy=strategy,
-                        devices=devices, batch_size=config.batch_size, optimizer=OPTIMIZER,
-                        lr=config.lr, lr_schedule="constant", single_thread=ranks,
-                        steps_per_dispatch=steps_per_dispatch)
 
 
 def screen_point(config: PeersConfig, model: str, strategy: str, devices: int, k: int) -> Point:
@@ -245,7 +249,7 @@ def measure(config: PeersConfig, p: Point | TorchPoint) -> dict:
         return {"ms": r["median_ms"], "first_step_s": r["first_step_s"], "threads": r["threads"],
                 "processes": r["processes"], "peak_gflops": r["matmul_peak_gflops"],
                 "flops_per_step": None, "param_count": r["param_count"], "torch": r["torch"],
-                "interop_threads": r["interop_threads"]}
+                "interop_threads": r["interop_threads"], "stage_starts": r["point"].get("stage_starts")}
     (r,) = points.run([p], config.out, config.timeout, keep_going=True)
     if isinstance(r, PointError):
         raise r
@@ -253,31 +257,34 @@ def measure(config: PeersConfig, p: Point | TorchPoint) -> dict:
     return {"ms": m["step_time_ms_median"], "first_step_s": m["compile_s"],
             "threads": env["threads_per_process"], "processes": env.get("mpi_ranks", 1),
             "peak_gflops": m["matmul_peak_gflops"], "flops_per_step": m["flops_per_step"],
-            "strategy": p.config.parallel.strategy, "devices": p.config.parallel.devices, "env": env}
+            "strategy": p.config.parallel.strategy, "devices": p.config.parallel.devices, "env": env,
+            "stage_starts": (r.strategy or {}).get("stage_starts")}
 
 
-def rounds(config: PeersConfig, found: Plan, best: dict) -> tuple[dict, dict, list[float]]:
+def rounds(config: PeersConfig, planned: dict[str, list[str]],
+           point_of: Callable[[str, str, int], Point | TorchPoint]) -> tuple[dict, dict, list[float]]:
     """--rounds passes over every configuration, the order rotated each round.
 
+    Args:
+      planned: {model: [configuration keys]}.
+      point_of: (model, key, round) -> the point to measure.
     Returns:
       ({model: {key: [round records]}}, {"model key": why it failed}, the 1-minute load
       average before each round and at the end: was the machine quiet?)
     """
-    keys = [key for key, _, _ in CONFIGS if key not in found.skipped]
-    records = {m: {k: [] for k in keys} for m in found.models}
+    records = {m: {key: [] for key in keys} for m, keys in planned.items()}
     failed: dict[str, str] = {}
     load = []
     for k in range(config.rounds):
         load.append(os.getloadavg()[0])
-        order = keys[k % len(keys):] + keys[:k % len(keys)]  # rotated: no fixed neighbours
-        for model in found.models:
-            top = best_key(best[model])
+        for model, keys in planned.items():
+            order = keys[k % len(keys):] + keys[:k % len(keys)]  # rotated: no fixed neighbours
             for key in order:
                 if f"{model} {key}" in failed:
                     continue  # failed in an earlier round: it would fail again
                 print(f"round {k + 1}/{config.rounds} {model} {key}", flush=True)
                 try:
-                    rec = measure(config, round_point(config, model, key, k, top))
+                    rec = measure(config, point_of(model, key, k))
                 except PointError as e:
                     print(f"  failed: {str(e)[-300:]}", flush=True)
                     failed[f"{model} {key}"] = str(e)[-2000:]
@@ -288,26 +295,73 @@ def rounds(config: PeersConfig, found: Plan, best: dict) -> tuple[dict, dict, li
     return records, failed, load
 
 
-def run(config: PeersConfig) -> list[Path] | None:
-    """Screening, the interleaved rounds, then OUT/peers.json, summary.md and peers.png.
-    Returns their paths, or None when a point other than torch.compile failed."""
-    found = plan(config)
-    counts = check_param_counts(config, found.models)
-    out = results.ensure_writable(config.out)
-    prepass(config, found, out)
+def data_parallel_study(config: PeersConfig, found: Plan, counts: dict, out: Path) -> tuple[dict, dict]:
+    """The data-parallel section: screening, interleaved rounds; (the peers.json dict, failures)."""
     best = screen(config, found)
     for model in found.models:  # refuse a stored best point of other settings before the rounds
         top = best_key(best[model])
         for k in range(config.rounds):
             points.stored(out / f"points/{model}/jaxpar-best/r{k}",
                           round_point(config, model, "jaxpar-best", k, top))
-    records, failed, load = rounds(config, found, best)
+    keys = [key for key, _, _ in CONFIGS if key not in found.skipped]
+    records, failed, load = rounds(config, {m: keys for m in found.models},
+                                   lambda m, key, k: round_point(config, m, key, k, best_key(best[m])))
     labels = {key: (framework, what) for key, framework, what in CONFIGS}
     labels["jaxpar-ranks"] = ("jaxpar", f"{config.rank_strategy}, ranks x 1 thread")
     study = peers_report.study(config, dataclasses.asdict(found), labels, counts, best, records,
                                failed, load)
-    data = dataclasses.asdict(study)
-    paths = [results.write_atomic(out / "peers.json", study.to_json() + "\n"),
+    return dataclasses.asdict(study), failed
+
+
+def model_parallel_section(config: PeersConfig, keys: list[str], skipped: dict) -> dict:
+    """The model-parallel section's interleaved rounds: metrics.model_parallel of peers.json."""
+    model = config.mp_model
+    records, failed, load = rounds(config, {model: keys} if keys else {},
+                                   lambda m, key, k: peers_mp.point(config, key, k))
+    return peers_mp.section(config, records.get(model, {}), skipped,
+                            {name.split(" ", 1)[1]: why for name, why in failed.items()}, load)
+
+
+def previous(out: Path) -> dict | None:
+    """OUT/peers.json as a dict, if a complete one is there (a section not run keeps its rows)."""
+    try:
+        return dataclasses.asdict(results.load(out / "peers.json"))
+    except ResultsError:
+        return None
+
+
+def run(config: PeersConfig) -> list[Path] | None:
+    """The sections asked for (data-parallel: screening, then interleaved rounds; model-parallel:
+    its own interleaved rounds), then OUT/peers.json, summary.md and peers.png.
+    Returns their paths, or None when a point other than torch.compile failed."""
+    found = plan(config)
+    mp = peers_mp.SECTION in config.sections
+    keys, skipped = peers_mp.plan(config) if mp else ([], {})
+    counts = check_param_counts(config, tuple(dict.fromkeys(found.models + ((config.mp_model,) if mp else ()))))
+    out = results.ensure_writable(config.out)
+    if SECTIONS[0] in config.sections:
+        prepass(config, found, out)
+    for p in (peers_mp.point(config, key, k) for key in keys for k in range(config.rounds)):
+        if isinstance(p, TorchPoint):
+            torch_point.stored(out / p.folder, p)
+        else:
+            points.check(p)
+            points.stored(out / p.folder, p)
+    before = previous(out)
+    failed = {}
+    if SECTIONS[0] in config.sections:
+        data, failed = data_parallel_study(config, found, counts, out)
+    else:  # only model parallelism: the data-parallel rows stay as they were (or none yet)
+        data = before or dataclasses.asdict(peers_report.study(
+            config, {"models": [], "candidates": [], "skipped": {}}, {}, {}, {}, {}, {}, []))
+    data["metrics"].pop("model_parallel", None)
+    if mp:
+        mp_section = data["metrics"]["model_parallel"] = model_parallel_section(config, keys, skipped)
+        failed |= mp_section["failed"]
+        data["env"]["torch"] = data["env"].get("torch") or mp_section["torch"]  # none yet: the section alone
+    elif before and "model_parallel" in before["metrics"]:
+        data["metrics"]["model_parallel"] = before["metrics"]["model_parallel"]
+    paths = [results.write_atomic(out / "peers.json", results.RunResult(**data).to_json() + "\n"),
              results.write_atomic(out / "summary.md", peers_report.summary(data)),
              plots_studies.peers_bars(data, out)]
     print(paths[1].read_text())
@@ -317,5 +371,7 @@ def run(config: PeersConfig) -> list[Path] | None:
 
 STUDY = Study("peers", "PyTorch beside jaxpar: the same models, optimizer and batch (eager, torch.compile, "
                        "DDP) vs jaxpar single, its best single-process configuration and "
-                       "mpi-allreduce, interleaved in one run (needs the `peer` extra); writes "
+                       "mpi-allreduce, interleaved in one run; and model parallelism (PyTorch's "
+                       "pipelining and DTensor vs mpi-pipeline, pipeline, tensor; --sections) "
+                       "(needs the `peer` extra); writes "
                        "OUT/peers.json, OUT/summary.md and OUT/peers.png", PeersConfig, QUICK, run)

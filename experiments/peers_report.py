@@ -16,6 +16,7 @@ import os
 import shutil
 import statistics
 
+from experiments import peers_mp
 from jaxpar import results
 
 SINGLE_PROCESS_PEERS = ("torch-eager", "torch-compile")
@@ -130,6 +131,12 @@ def table(data: dict) -> str:
 def summary(data: dict) -> str:
     """`table` of a peers.json dict, with the machine, threads and peaks behind it."""
     cfg, env, m = data["config"], data["env"], data["metrics"]
+    mp = m.get("model_parallel")
+    mp_load = "" if mp is None else (
+        "\nModel-parallel section: 1-minute load average before each round and at the end: "
+        + ", ".join(f"{x:.1f}" for x in mp["load_average_1min"]) + f" ({env['cpu_cores']} cores).\n")
+    if not m["rows"]:  # only the model-parallel section ran
+        return peers_mp.table(mp) + "\n" + mp_load
     lines = [f"Global batch {cfg['batch_size']}, Adam (constant lr {cfg['lr']:g}, betas 0.9/0.999, "
              f"eps 1e-8; PyTorch's `{cfg['adam']}` kernel), synthetic data of the real shapes; "
              f"{cfg['rounds']} interleaved rounds, each a median of {cfg['iters']} steps after "
@@ -166,4 +173,4 @@ def summary(data: dict) -> str:
     for name, why in {**m["skipped"], **m["failed"]}.items():
         status = "skipped" if name in m["skipped"] else "failed"
         lines.append(f"\n{name}: {status} ({why.strip().splitlines()[-1] if why.strip() else ''})")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + ("" if mp is None else f"\n{peers_mp.table(mp)}\n" + mp_load)

@@ -347,11 +347,14 @@ def peers_bars(data: dict, out: Path) -> Path:
     """
     plt = pyplot()
     rows, env, cfg = data["metrics"]["rows"], data["env"], data["config"]
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    tallest = max((sum(r["model"] == m for r in rows) for m in models), default=1)
-    fig, axes = plt.subplots(len(models), 1, figsize=(9, 1.0 + 0.45 * tallest * len(models)), squeeze=False)
-    for ax, model in zip(axes[:, 0], models):
-        mine = [r for r in rows if r["model"] == model][::-1]  # first configuration on top
+    panels = {model: [r for r in rows if r["model"] == model] for model in dict.fromkeys(r["model"] for r in rows)}
+    mp = data["metrics"].get("model_parallel")
+    if mp and mp["rows"]:  # the model-parallel section, a panel of its own
+        panels[f"{mp['config']['mp_model']}, model parallelism"] = mp["rows"]
+    tallest = max((len(p) for p in panels.values()), default=1)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 1.0 + 0.45 * tallest * len(panels)), squeeze=False)
+    for ax, (model, panel) in zip(axes[:, 0], panels.items()):
+        mine = panel[::-1]  # first configuration on top
         ips = [r["images_per_sec"] for r in mine]
         ax.barh(range(len(mine)), ips, color=[PEER_COLOURS[r["framework"]] for r in mine])
         ax.set_yticks(range(len(mine)), [

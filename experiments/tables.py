@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from experiments import cost_check, machine_rows, peers_report, plots, sources, speedup
+from experiments import cost_check, machine_rows, peers_mp, peers_report, plots, sources, speedup
 from experiments.rank_scaling import ranks_cell
 from jaxpar import cost, results
 from jaxpar.config import TrainConfig, to_dict
@@ -391,6 +391,16 @@ def other_machines(data_dir: Path) -> str:
                      "MPI ranks: speed-up (efficiency)", "software, date, revision; how busy"], out)
 
 
+def peers_model_parallel(data_dir: Path) -> str:
+    """The peers study's model-parallel section: PyTorch's pipelining and DTensor beside jaxpar's."""
+    data = sources.load(data_dir, "peers")
+    if "model_parallel" not in data["metrics"]:
+        raise results.ResultsError(f"{sources.path_of(data_dir, 'peers')} has no model-parallel rows; "
+                                   f"{sources.command(data_dir, 'peers')} with --sections model-parallel "
+                                   "writes them")
+    return peers_mp.table(data["metrics"]["model_parallel"])
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "strategy-list": strategy_list,
     "main-results": main_results,
@@ -408,6 +418,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "cost-summary": cost_summary,
     "cost-points": cost_points,
     "cost-assumptions": cost_assumptions,
+    "peers-model-parallel": peers_model_parallel,
     # One line per results folder (the two training runs share theirs).
 
 

@@ -1,5 +1,6 @@
 """Time PyTorch's training step for a jaxpar model's twin: one `peers` study point, in its own
-process (eager, `torch.compile`, or DDP over gloo ranks started with multiprocessing spawn).
+process (eager, `torch.compile`), or over gloo ranks started with multiprocessing spawn (DDP
+here; pipelining and tensor parallelism in experiments/torch_parallel.py).
 
     python -m experiments.torch_bench OUT/FOLDER/point.json    # written by experiments.torch_point
 
@@ -19,6 +20,7 @@ import statistics
 import sys
 import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +30,7 @@ import torch.multiprocessing as mp
 from torch.nn import functional as F
 
 from experiments import torch_models
-from experiments.torch_point import ADAM_KERNELS, RESULT_FILE, TorchPoint
+from experiments.torch_point import ADAM_KERNELS, RANK_MODES, RESULT_FILE, TorchPoint
 from jaxpar import data as datalib
 from jaxpar.results import write_atomic
 
@@ -122,30 +124,24 @@ def single(point: TorchPoint) -> dict:
             "matmul_peak_gflops": matmul_peak() if point.matmul_peak else None}
 
 
-def _ddp_rank(rank: int, point: TorchPoint, port: int, out: str) -> None:
-    """One DDP rank: 1 thread pinned to core rank % cores, its rows of every global batch."""
-    from torch.nn.parallel import DistributedDataParallel
+RANK_TIMEOUT_S = 300  # every gloo wait of a rank (rendezvous, collectives, send/recv) is bounded
 
+
+def _rank(rank: int, body, point: TorchPoint, port: int, out: str) -> None:
+    """One of `point.ranks` gloo processes: 1 thread pinned to core rank % cores; `body(rank,
+    point)` measures ({'times_s', 'first_step_s', 'param_count'}), rank 0 writes it to `out`."""
     mine = cores()
     os.sched_setaffinity(0, {mine[rank % len(mine)]})
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=point.ranks)
+                            world_size=point.ranks, timeout=timedelta(seconds=RANK_TIMEOUT_S))
     try:
         torch.manual_seed(0)  # same init on every rank (DDP also broadcasts rank 0's)
-        model = DistributedDataParallel(torch_models.make_twin(point.model).train())
-        opt = make_optimizer(model.parameters(), point)
-        per_rank = point.batch_size // point.ranks
-        rows = slice(rank * per_rank, (rank + 1) * per_rank)
-        step = make_step(model, opt, compiled=False)
-        times, first = time_steps(step, batch_for(point.batch_size, rows), point.iters,
-                                  point.warmup)
+        measured = body(rank, point)
         if rank == 0:
             write_atomic(out, json.dumps({
-                "times_s": times, "first_step_s": first, "threads": 1, "processes": point.ranks,
-                "interop_threads": torch.get_num_interop_threads(),
-                "param_count": torch_models.param_count(model.module),
-                "matmul_peak_gflops": None}))
+                **measured, "threads": 1, "processes": point.ranks,
+                "interop_threads": torch.get_num_interop_threads(), "matmul_peak_gflops": None}))
         dist.barrier()  # every rank done before any leaves
     finally:
         dist.destroy_process_group()
@@ -156,28 +152,46 @@ def _ddp_rank(rank: int, point: TorchPoint, port: int, out: str) -> None:
     os._exit(0)
 
 
-def ddp(point: TorchPoint, out: Path) -> dict:
-    """--ranks DDP processes over gloo (multiprocessing spawn); rank 0's timings."""
+def ddp_rank(rank: int, point: TorchPoint) -> dict:
+    """One DDP rank's measurement: its rows of every global batch."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(torch_models.make_twin(point.model).train())
+    opt = make_optimizer(model.parameters(), point)
+    per_rank = point.batch_size // point.ranks
+    rows = slice(rank * per_rank, (rank + 1) * per_rank)
+    step = make_step(model, opt, compiled=False)
+    times, first = time_steps(step, batch_for(point.batch_size, rows), point.iters, point.warmup)
+    return {"times_s": times, "first_step_s": first,
+            "param_count": torch_models.param_count(model.module)}
+
+
+def ranks(body, point: TorchPoint, out: Path) -> dict:
+    """`point.ranks` processes over gloo (multiprocessing spawn), each running `body`; rank 0's
+    timings."""
     if point.batch_size % point.ranks:  # the study checks it first; a hand-made point too
         raise ValueError(f"batch size {point.batch_size} must be a multiple of ranks {point.ranks}")
     with socket.socket() as probe:  # a free port for the rendezvous
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     part = str(out.with_name(out.name + ".rank0"))
-    mp.spawn(_ddp_rank, args=(point, port, part), nprocs=point.ranks, join=True)
+    mp.spawn(_rank, args=(body, point, port, part), nprocs=point.ranks, join=True)
     with open(part) as f:
         result = json.load(f)
     os.unlink(part)
     return result
 
 
-def main(argv: list[str]) -> int:
-    """Run the point described by argv[0] (a point.json); write torch.json beside it."""
+def main(argv: list[str], bodies: dict | None = None) -> int:
+    """Run the point described by argv[0] (a point.json); write torch.json beside it.
+    `bodies`: what each rank runs, by mode (DDP here; experiments/torch_parallel.py adds the
+    model-parallel modes and calls this)."""
+    bodies = {"ddp": ddp_rank, **(bodies or {})}
     path = Path(argv[0])
     point = TorchPoint.from_json(path.read_text())
     out = path.with_name(RESULT_FILE)
     try:
-        result = ddp(point, out) if point.mode == "ddp" else single(point)
+        result = ranks(bodies[point.mode], point, out) if point.mode in RANK_MODES else single(point)
     except Exception as e:  # noqa: BLE001 (torch.compile's failures come in many types)
         traceback.print_exc()
         print(f"torch_bench: {point.mode} failed: {type(e).__name__}: "

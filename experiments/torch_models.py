@@ -136,6 +136,50 @@ def make_twin(name: str, **options) -> nn.Module:
     return TWINS[name](**{k: v for k, v in options.items() if v is not None})
 
 
+def layers(twin: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The twin's layers in jaxpar's order and names (`Model.layers()` of jaxpar.models): what a
+    pipeline cuts into stages. Each wraps the twin's own modules (no copy of a parameter), and
+    run in order they are the twin's forward (tests/test_peers.py checks both)."""
+    if isinstance(twin, MLP):
+        hidden = [(f"hidden{i}", nn.Sequential(nn.Flatten(1), layer, nn.ReLU()))
+                  for i, layer in enumerate(twin.hidden)]
+        return hidden + [("out", twin.out)]
+    if isinstance(twin, CNN):
+        return [("conv1", nn.Sequential(twin.conv1, nn.ReLU(), nn.MaxPool2d(2))),
+                ("conv2", nn.Sequential(twin.conv2, nn.ReLU(), nn.MaxPool2d(2))),
+                ("fc1", nn.Sequential(nn.Flatten(1), twin.fc1, nn.ReLU())),
+                ("fc2", twin.fc2)]
+    raise ValueError(f"{type(twin).__name__}: no layer list (only the MLP and the CNN are cut into stages)")
+
+
+class Normalize(nn.Module):
+    """uint8 images -> float in [0, 1], as jaxpar's step does before the model (a pipeline's
+    first stage starts with it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.float() / 255.0
+
+
+class Contiguous(nn.Module):
+    """Its input in the default (row-major) layout. `images` hands PyTorch jaxpar's NHWC
+    batch as an NCHW view, on which the convolutions keep the channels-last layout; gloo
+    sends only row-major tensors ("input tensor has to be contiguous")."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous()
+
+
+def stage(twin: nn.Module, starts: tuple[int, ...], index: int) -> nn.Sequential:
+    """Stage `index` of the twin cut at `starts` (first layer of each stage, as
+    jaxpar.parallel.partition.cut gives them); the first stage normalises the images, every
+    stage but the last hands on a row-major tensor (what gloo sends)."""
+    found = layers(twin)
+    ends = (*starts[1:], len(found))
+    modules = [m for _, m in found[starts[index]:ends[index]]]
+    return nn.Sequential(*([Normalize()] if index == 0 else []), *modules,
+                         *([Contiguous()] if index < len(starts) - 1 else []))
+
+
 def param_count(model: nn.Module) -> int:
     """Trainable parameters (BN running statistics are buffers, as in jaxpar.models.param_count)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -2,9 +2,10 @@
 `experiments.points` resumes jaxpar points (this module imports neither torch nor JAX).
 
     python -m experiments.torch_bench OUT/FOLDER/point.json    # runs the point it describes
+    python -m experiments.torch_parallel OUT/FOLDER/point.json  # (pipelining, tensor parallelism)
 
 `run` writes OUT/FOLDER/point.json (the settings) and starts `python -m experiments.torch_bench
-OUT/FOLDER/point.json`, which writes OUT/FOLDER/torch.json recording the settings it ran.
+OUT/FOLDER/point.json` (`module`), which writes OUT/FOLDER/torch.json recording the settings it ran.
 Before any work the study calls `stored` on every point already in OUT: a complete result of
 the same settings is reused, a damaged one is run again, and one of other settings is refused
 (ConfigError naming the folder).
@@ -21,7 +22,17 @@ from pathlib import Path
 from jaxpar import results
 from jaxpar.errors import ConfigError
 
-MODES = ("eager", "compile", "ddp")
+MODES = ("eager", "compile", "ddp", "gpipe", "1f1b", "tp")
+# Modes of `ranks` gloo processes: data parallel, the two pipelining schedules, tensor parallel.
+RANK_MODES = ("ddp", "gpipe", "1f1b", "tp")
+PIPELINE_MODES = ("gpipe", "1f1b")  # torch.distributed.pipelining's ScheduleGPipe, Schedule1F1B
+# The process each mode runs in: model parallelism in its own module (it builds on torch_bench).
+MODEL_PARALLEL_MODES = ("gpipe", "1f1b", "tp")
+
+
+def module(mode: str) -> str:
+    """The module whose `python -m` runs a point of `mode`."""
+    return "experiments.torch_parallel" if mode in MODEL_PARALLEL_MODES else "experiments.torch_bench"
 # PyTorch's Adam kernels on CPU, by the study's --adam name: torch.optim.Adam's arguments.
 # Untold, PyTorch picks the for-loop one on CPU.
 ADAM_KERNELS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
@@ -34,11 +45,14 @@ class TorchPoint:
 
     Attributes:
       folder: where its files go, under the study's --out.
-      mode: eager | compile (one process) | ddp (`ranks` gloo processes, 1 thread each).
-      ranks: processes (1 unless mode is ddp).
+      mode: eager | compile (one process) | ddp | gpipe | 1f1b (torch.distributed.pipelining,
+        a stage per rank) | tp (DTensor tensor parallelism): `ranks` gloo processes, 1 thread each.
+      ranks: processes (1 unless mode is one of RANK_MODES).
       adam: a key of ADAM_KERNELS; lr: Adam's learning rate (constant).
       matmul_peak: also time a 2048^3 f32 matmul at the point's threads.
       device: where the model runs, a torch device ("cpu", "cuda"); eager and compile only.
+      microbatches: micro-batches per global batch (pipelines only).
+      stage_starts: first layer of each stage, one stage per rank (pipelines only).
     """
 
     folder: str
@@ -52,17 +66,27 @@ class TorchPoint:
     lr: float
     matmul_peak: bool
     device: str = "cpu"
+    microbatches: int | None = None
+    stage_starts: tuple[int, ...] | None = None
 
     def settings(self) -> dict:
-        """What its result must record to be reused (everything but where it lives)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "folder"}
+        """What its result must record to be reused (everything but where it lives, and the
+        pipeline fields where unset: points measured before they existed still match)."""
+        unset = {k for k in PIPELINE_FIELDS if getattr(self, k) is None}
+        return json.loads(json.dumps({k: v for k, v in dataclasses.asdict(self).items()
+                                      if k != "folder" and k not in unset}))
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> "TorchPoint":
-        return cls(**json.loads(text))
+        d = json.loads(text)
+        starts = d.get("stage_starts")
+        return cls(**{**d, "stage_starts": None if starts is None else tuple(starts)})
+
+
+PIPELINE_FIELDS = ("microbatches", "stage_starts")
 
 
 def stored(folder: Path, point: TorchPoint) -> dict | None:
@@ -95,6 +119,6 @@ def run(point: TorchPoint, out: Path, timeout: float) -> dict:
     done = stored(folder, point)
     if done is None:
         path = results.write_atomic(folder / POINT_FILE, point.to_json())
-        run_point([sys.executable, "-m", "experiments.torch_bench", str(path)], timeout)
+        run_point([sys.executable, "-m", module(point.mode), str(path)], timeout)
         done = json.loads((folder / RESULT_FILE).read_text())
     return done

@@ -216,9 +216,76 @@ def test_without_torch_exits_2_naming_the_install_and_writes_nothing(tmp_path, m
     (["--rank-strategy", "single"], "--rank-strategy single does not run across processes"),
     (["--best-strategies", "tensor"], "--best-strategies tensor: choose data-parallel strategies"),
     (["--ranks", "3"], "--batch-size 128 must be a multiple of --ranks 3"),
+    (["--sections", "pipelines"], "--sections pipelines: choose one or both of data-parallel, model-parallel"),
+    (["--microbatches", "7"], "--microbatches 7 must divide --batch-size 128"),
+    (["--mp-model", "resnet"], "--mp-model resnet: choose a model whose PyTorch twin is cut into stages"),
+    (["--mp-configs", "torch-zb"], "--mp-configs torch-zb: choose from torch-gpipe"),
+    (["--schedules", "zb"], "--schedules zb: choose from gpipe, 1f1b"),
 ])
 def test_bad_options_exit_2_before_any_work(tmp_path, capsys, flags, needle):
     pytest.importorskip("torch", reason=NO_TORCH)
     out = tmp_path / "never"
     assert run(["peers", *flags, "--out", str(out)]) == EXIT_USAGE
     assert needle in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_twin_layers_are_jaxpars_layers_and_its_stages_are_its_forward(name):
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
+    from experiments import torch_models
+    from jaxpar.config import ModelConfig
+    from jaxpar.parallel import partition
+
+    twin = torch_models.make_twin(name)
+    assert [n for n, _ in torch_models.layers(twin)] == partition.layer_names(ModelConfig(model=name))
+    images = torch_models.images(datalib.synthetic(4, seed=0)[0])
+    starts = (0, len(torch_models.layers(twin)) - 1)
+    staged = torch_models.stage(twin, starts, 1)(torch_models.stage(twin, starts, 0)(images))
+    torch.testing.assert_close(staged, twin(images.float() / 255.0))
+
+
+def test_pytorch_pipelines_cut_where_jaxpar_cuts_with_the_same_micro_batches():
+    pytest.importorskip("torch", reason=NO_TORCH)
+    from experiments import peers_mp
+    from jaxpar.parallel import partition
+
+    config = dataclasses.replace(peers.PeersConfig(), rounds=1)  # the CNN, M=8, 2 ranks
+    for schedule in ("gpipe", "1f1b"):
+        theirs = peers_mp.point(config, f"torch-{schedule}", 0)
+        for where in ("mpi-pipeline", "pipeline-ranks", "pipeline-devices"):
+            ours = peers_mp.point(config, f"jaxpar-{where}-{schedule}", 0)
+            p = ours.config.parallel
+            assert (p.microbatches, p.schedule) == (theirs.microbatches, schedule) == (8, schedule)
+            assert theirs.stage_starts == partition.cut(ours.config, 2) == (0, 2)  # conv1, conv2 | fc1, fc2
+            assert (ours.ranks, p.single_thread) == ((2, True) if "ranks" in where or "mpi" in where
+                                                     else (None, False))
+        assert (theirs.mode, theirs.ranks, theirs.batch_size) == (schedule, 2, config.batch_size)
+
+
+def test_quick_study_runs_pytorchs_pipelines_beside_jaxpars(quick):
+    out, data = quick
+    mp = data["metrics"]["model_parallel"]
+    rows = {r["config"]: r for r in mp["rows"]}
+    assert {"torch-gpipe", "torch-1f1b"} <= set(rows)
+    for r in rows.values():
+        assert r["ms_per_step"] > 0 and len(r["rounds_ms"]) == 1
+        assert (r["processes"], r["threads_per_process"]) == (2, 1)
+        assert r["stage_starts"] == mp["config"]["stage_starts"]  # jaxpar's own record of its cut, too
+    if "jaxpar-mpi-pipeline-gpipe" in rows:  # absent only where MPI is not installed
+        ours = rows["jaxpar-mpi-pipeline-gpipe"]
+        assert ours["peer"] == "torch-gpipe"
+        assert ours["ratio_vs_peer"] == pytest.approx(ours["images_per_sec"] / rows["torch-gpipe"]["images_per_sec"])
+    else:
+        assert "jaxpar-mpi-pipeline-gpipe" in mp["skipped"]
+    assert "Model parallelism: mlp on 2 ranks" in (out / "summary.md").read_text()
+
+
+def test_one_section_alone_keeps_the_others_rows(quick):
+    out, _ = quick
+    data = json.loads((out / "peers.json").read_text())
+    before = _point_files(out)
+    assert run(["peers", "--quick", "--sections", "model-parallel", "--out", str(out)]) == 0
+    again = json.loads((out / "peers.json").read_text())
+    assert again["metrics"]["rows"] == data["metrics"]["rows"]  # the data-parallel section, kept
+    assert again["metrics"]["model_parallel"]["rows"] == data["metrics"]["model_parallel"]["rows"]
+    assert _point_files(out) == before  # every model-parallel point reused
