@@ -87,6 +87,8 @@ def run(args: DemoOptions) -> int:
     if port != args.port:
         print(f"port {args.port} on {args.host} is in use; serving on {port} instead "
               "(pass --port to choose)")
+    # Here, not at the top: the page imports gradio (the `demo` extra), which the checks
+    # above (host, password, bounds) and `--help` must not need.
     from experiments.demo.app import build
 
     app, runs = build(args.dataset, args.runs_dir, args.load, limits, args.load_anywhere)

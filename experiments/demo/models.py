@@ -22,6 +22,7 @@ from jaxpar.config import DataConfig
 from jaxpar.errors import DataError, UserError
 from jaxpar.idx import find_idx_files
 from jaxpar.results import RESULT_FILE
+from jaxpar.results import load as load_result
 
 ROOT = Path(__file__).resolve().parents[2]
 # Small models trained by the command in docs/demo.md and committed, so a fresh clone can
@@ -146,8 +147,6 @@ def check_offline(dataset: str) -> None:
 
 def _dataset_of(folder: Path) -> str | None:
     """The dataset a result folder's run trained on (None when it has no result.json)."""
-    from jaxpar.results import load as load_result
-
     try:
         return load_result(folder / RESULT_FILE).config["data"]["dataset"]
     except (UserError, KeyError):
