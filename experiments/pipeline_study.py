@@ -149,6 +149,9 @@ def measurement(result: results.RunResult, folder: str) -> dict:
     pm = result.metrics
     return {"images_per_sec": pm["images_per_sec"], "step_ms": pm["step_time_ms_median"],
             "temp_bytes": pm["memory_per_device"]["temp_bytes"],
+            # what the step holds beside its state: the SPMD program's temporaries; with a
+            # program per stage, the residuals kept between a forward and its backward too
+            "activation_bytes": pm.get("activation_bytes_per_device", pm["memory_per_device"]["temp_bytes"]),
             "state_bytes": pm["state_bytes_per_device"], "compile_s": pm["compile_s"],
             "collective_bytes": pm["collective_bytes_per_step"],
             # host-driven stages move activations with device_put, not collectives
@@ -169,12 +172,12 @@ def run(config: PipelineConfig) -> list[Path]:
     rows, tables = schedule_rows(config.stages, counts)
     point_env = None
     for r in rows:
-        r.update(images_per_sec=None, step_ms=None, temp_bytes=None)
+        r.update(images_per_sec=None, step_ms=None, temp_bytes=None, activation_bytes=None)
         key = (r["schedule"], r["M"])
         if key in outcomes:
             r.update(measurement(outcomes[key], planned[key].folder))
             point_env = outcomes[key].env
-        tput = f"{r['images_per_sec']:8,.0f} img/s {r['step_ms']:7.1f} ms temp {r['temp_bytes'] / 2**20:6.2f} MiB" \
+        tput = f"{r['images_per_sec']:8,.0f} img/s {r['step_ms']:7.1f} ms activations {r['activation_bytes'] / 2**20:6.2f} MiB" \
             if r["images_per_sec"] else "not measured"
         print(f"{r['schedule']:6s} S={config.stages} M={r['M']:3d} bubble={r['bubble']:.3f} "
               f"theory={r['theory']:.3f} peak_in_flight={r['peak_in_flight']:3d}  {tput}", flush=True)

@@ -45,7 +45,7 @@ def pipeline_bubble(result: dict, out: Path) -> Path:
         flight.plot(ms, [r["peak_in_flight"] for r in rows], ls="-", **kw)
         timed = [r for r in rows if r.get("images_per_sec")]
         tput.plot([r["M"] for r in timed], [r["images_per_sec"] for r in timed], ls="-", **kw)
-        mem.plot([r["M"] for r in timed], [r["temp_bytes"] / 2 ** 20 for r in timed], ls="-", **kw)
+        mem.plot([r["M"] for r in timed], [r.get("activation_bytes", r["temp_bytes"]) / 2 ** 20 for r in timed], ls="-", **kw)
         if any(r.get("state_bytes") for r in timed):
             mem.plot([r["M"] for r in timed], [r["state_bytes"] / 2 ** 20 for r in timed], ls=":",
                      color=style["color"])
@@ -64,7 +64,7 @@ def pipeline_bubble(result: dict, out: Path) -> Path:
     for ax, title, label in ((bub, "Bubble (from the schedule tables)", "idle share of stage-slots"),
                              (tput, "Throughput (measured)", "images/s"),
                              (flight, "Micro-batches held at once, fullest device", "micro-batches"),
-                             (mem, "Memory per device (measured; dotted: parameters + optimizer)", "MiB")):
+                             (mem, "Activations per device (measured; dotted: parameters + optimizer)", "MiB")):
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(label)
     flight.set_yscale("log", base=2)

@@ -217,10 +217,11 @@ def pipeline(data_dir: Path) -> str:
         here = [by.get((s, m), {}) for s in names]
         out.append([m, bubble(here[0]), *[bubble(by.get((g, m))) for g in gems],
                     *[num(h.get("images_per_sec")) for h in here],
-                    *[num(h["temp_bytes"] / 2 ** 20, 1) if h.get("temp_bytes") else DASH for h in here],
+                    *[num(h.get("activation_bytes", h["temp_bytes"]) / 2 ** 20, 1) if h.get("temp_bytes") else DASH
+                      for h in here],
                     *[mb(h.get("moved_bytes", h.get("collective_bytes"))) for h in here]])
     return markdown(["M", "bubble (S-1)/(M+S-1)", *[f"{g} bubble (S-2)/(2M+S-2)" for g in gems],
-                     *[f"{s} images/s" for s in names], *[f"{s} temp MiB/device" for s in names],
+                     *[f"{s} images/s" for s in names], *[f"{s} activation MiB/device" for s in names],
                      *[f"{s} MB moved/step" for s in names]], out)
 
 

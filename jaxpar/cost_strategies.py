@@ -17,6 +17,7 @@ import functools
 from dataclasses import dataclass, field
 
 from jaxpar.cost import F32, Collective, Compute, Work
+from jaxpar.data import IMAGE_SHAPE  # the built-in models' images
 
 SUMS = 3 * F32   # the metric sums every data-parallel step all-reduces
 
@@ -124,7 +125,7 @@ def _tensor_bytes(model: tuple, batch_local: int, degree: int) -> tuple[float, i
                                                    degree=degree, vit=False)), 2 * depth
     net = abstract_model(ModelConfig(name, depth=depth, width=width))
     pairs = 1 if name == "cnn" else len(net.blocks)
-    return float(channels.collective_bytes(net, batch_local)), 2 * pairs - (1 if name == "cnn" else 0)
+    return float(channels.collective_bytes(net, batch_local, IMAGE_SHAPE)), 2 * pairs - (1 if name == "cnn" else 0)
 
 
 def _tensor_parts(p: Problem, batch: float, layers) -> tuple[float, float]:
