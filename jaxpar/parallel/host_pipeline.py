@@ -49,7 +49,7 @@ from jaxpar import data as datalib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE
 from jaxpar.models import sequence
-from jaxpar.parallel import host_compile, host_timeline, layout, partition, processes, schedules
+from jaxpar.parallel import host_compile, host_timeline, host_walk, layout, partition, processes, schedules
 from jaxpar.parallel.base import Strategy
 from jaxpar.parallel.stages import leaves, nest
 
@@ -321,7 +321,7 @@ class HostPipeline(Strategy):
         """Run the schedule: per copy (replica, stage) the summed gradients and batch-norm
         statistics, and the metric sums (on replica 0's last stage). kind "timeline": the
         stamped programs (`host_timeline`)."""
-        walk = _Walk(self, state, batch, kind)
+        walk = host_walk.Walk(self, state, batch, kind)
         for row in self.table:
             for d, slot in enumerate(row):
                 if slot is not None:
@@ -394,87 +394,3 @@ class HostPipeline(Strategy):
                 "stage_param_bytes": self.stage_param_bytes(),
                 "boundary_elements_per_example": self.boundaries,
                 "stage_transfer_bytes_per_step": self.transfer_bytes_per_step()}
-
-
-class _Walk:
-    """One walk of the schedule table: what each device holds between its slots."""
-
-    def __init__(self, pipe: HostPipeline, state, batch, kind):
-        self.p, self.state, self.kind = pipe, state, kind
-        self.doing: tuple[str, int | None] = ("other", None)  # (kind, micro-batch) being run
-        S, R = pipe.S, pipe.replicas
-        self.images, self.labels, self.weights, self.denom = {}, {}, {}, {}
-        for r in range(R):
-            self.images[r] = self.prog(f"split_images{r}", 0, r)(batch["image"][r])
-            self.labels[r], self.weights[r], self.denom[r] = self.prog(f"split_labels{r}", S - 1, r)(
-                batch["label"][r], batch["weight"][r])
-        self.acc, self.z_sum, self.sums = {}, {}, {}
-        for r, s in pipe.copies:
-            self.acc[r, s], self.z_sum[r, s], sums = self.prog(f"zeros{s}", s, r)(
-                pipe._copy(state.params, r, s), pipe._copy(state.model_state, r, s))
-            if s == S - 1:
-                self.sums[r] = sums
-        self.inbox: dict[tuple, jax.Array] = {}  # ("act" | "grad", r, m, s) -> arrived there
-        self.kept: dict[tuple, object] = {}      # (r, m, s) -> the vjp (or input, --remat)
-
-    def prog(self, name, s, r):
-        device = self.p.device(s, r)
-        if self.kind != "timeline":
-            return self.p._prog(name, self.kind, device)
-        kind, m = self.doing
-        program = self.p._stamped(name)
-        tag = self.p.stamps.tag(program=name, device=self.p.devices.index(device), stage=s,
-                                replica=r, kind=kind, microbatch=m)
-        return functools.partial(program, tag)
-
-    def _send(self, what, x, r, m, s):
-        self.inbox[what, r, m, s] = processes.move(x, self.p.device(s, r))
-
-    def run(self, kind, m, r, d):
-        """Device d's table entry: a forward or backward of micro-batch m of replica r."""
-        p, S = self.p, self.p.S
-        s = schedules.stage_of(d, r, S)
-        i = m - r * (p.M // p.replicas)  # the micro-batch's index within its replica
-        self.doing = ("F+B" if kind == "F" and s == S - 1 else kind, m)
-        params, stats = p._copy(self.state.params, r, s), p._copy(self.state.model_state, r, s)
-        if kind == "F":
-            x = self.images[r][i] if s == 0 else self.inbox.pop(("act", r, m, s))
-            if s == S - 1:  # forward, loss and backward at once
-                self.acc[r, s], dx, self.z_sum[r, s], self.sums[r] = self.prog("last", s, r)(
-                    params, stats, x, self.labels[r][i], self.weights[r][i], self.denom[r],
-                    self.acc[r, s], self.z_sum[r, s], self.sums[r])
-                if S > 1:
-                    self._send("grad", dx, r, m, s - 1)
-                return
-            out, vjp, self.z_sum[r, s] = self.prog(f"train_fwd{s}", s, r)(params, stats, x, self.z_sum[r, s])
-            self.kept[r, m, s] = x if p.remat else vjp
-            self._send("act", out, r, m, s + 1)
-            return
-        if s == S - 1:
-            return  # done with its forward
-        g, kept = self.inbox.pop(("grad", r, m, s)), self.kept.pop((r, m, s))
-        args = (params, stats, kept, g) if p.remat else (kept, g)
-        self.acc[r, s], dx = self.prog(f"bwd{s}", s, r)(*args, self.acc[r, s])
-        if s > 0:
-            self._send("grad", dx, r, m, s - 1)
-
-    def finish(self):
-        self.doing = ("other", None)
-        return self._combine()
-
-    def _combine(self):
-        """(gradients, statistics per copy, metric sums): with replicas, each copy of a stage
-        gets the sum of every replica's, so all copies take the same update."""
-        p = self.p
-        acc, z_sum = dict(self.acc), dict(self.z_sum)
-        if p.replicas > 1:
-            for r, s in p.copies:
-                for other in range(p.replicas):
-                    if other != r:
-                        theirs = processes.move((self.acc[other, s], self.z_sum[other, s]), p.device(s, r))
-                        acc[r, s], z_sum[r, s] = self.prog(f"add{s}", s, r)((acc[r, s], z_sum[r, s]), theirs)
-            sums = self.prog("add_sums", p.S - 1, 0)(self.sums[0], processes.move(self.sums[1], p.device(p.S - 1, 0)))
-        else:
-            sums = self.sums[0]
-        order = p.copies
-        return tuple(acc[c] for c in order), tuple(z_sum[c] for c in order), sums
