@@ -25,3 +25,12 @@ def test_plan_puts_single_first_and_states_each_limit():
 def test_one_device_is_refused():
     with pytest.raises(ConfigError, match="--device-counts must be >= 2"):
         bounds.plan(bounds.BoundsConfig(device_counts=(1, 2)))
+
+
+def test_a_timeline_needs_stages_as_programs():
+    """`bench --timeline` of a strategy that runs as one program is refused before any work."""
+    import equivalence as eq
+    from jaxpar.bench import benchmark
+
+    with pytest.raises(ConfigError, match="--timeline needs stages run as separate programs"):
+        benchmark(eq.config(strategy="single"), iters=1, warmup=0, matmul_peak=False, timeline=True)

@@ -32,6 +32,16 @@ def test_quick_study_measures_points_and_matches_theory(tmp_path):
     top = max(r["M"] for r in rows)
     assert all(peak["1f1b", m] <= peak["gpipe", m] for s, m in peak if s == "gpipe")
     assert peak["1f1b", top] == S < peak["gpipe", top] == top
+    # the measured timelines: every micro-batch's forward and backward on each stage, stamped
+    # by the devices (start before end), and an idle share beside the schedule's bubble
+    timelines = result["metrics"]["timelines"]
+    assert set(timelines) == {"gpipe", "1f1b", "gems"}
+    for name, tl in timelines.items():
+        work = [e for e in tl["events"] if e["kind"] in ("F", "B", "F+B")]
+        M = result["config"]["timeline_microbatches"]
+        assert sorted(e["microbatch"] for e in work if e["stage"] == S - 1) == list(range(M)), name
+        assert all(0 <= e["start_ms"] <= e["end_ms"] for e in work), name
+        assert 0 <= tl["idle_fraction"] < 1 and tl["bubble_fraction"] == by[name, M]["bubble"], name
 
     # Resumed: the points are read back, not measured again.
     assert run(["pipeline", "--quick", "--out", str(out)]) == 0
