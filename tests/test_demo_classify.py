@@ -241,7 +241,11 @@ def test_the_page_loads_only_under_its_folders(runs, tmp_path, monkeypatch):
     shutil.copytree(root / "single", allowed / "single")
     (allowed / "link").symlink_to(root / "single")
     (allowed / "elsewhere").mkdir()  # its result.json names a checkpoint outside
-    shutil.copy(root / "single" / results.RESULT_FILE, allowed / "elsewhere")
+    elsewhere = json.loads((root / "single" / results.RESULT_FILE).read_text())
+    # results record paths relative to the folder their run started in; name this one by its
+    # absolute path, so it resolves outside from wherever the demo stands
+    elsewhere["config"]["checkpoint_dir"] = str((root / "single" / "checkpoint").resolve())
+    (allowed / "elsewhere" / results.RESULT_FILE).write_text(json.dumps(elsewhere))
     models = Models("synthetic", roots=[allowed])
     assert models.load("results/single").startswith("loaded single mlp")
     for outside in (root / "single", "results/link", "results/elsewhere", "results/../results/../../",
