@@ -12,11 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
-
 from experiments import cost_check
 from experiments import predict as predictlib
-from experiments.plots import legend_below, plain_log_axis, save, strategy_style
+from experiments.plots import legend_below, plain_log_axis, pyplot, save, strategy_style
 
 # The extrapolation (docs/studies.md names its assumptions).
 WIDE = "stack-mlp-d16-w8192"   # 8.6 G parameters: 103 GB of f32 state with Adam
@@ -38,6 +36,7 @@ def predicted_vs_measured(loaded: dict, out: Path) -> Path:
     """Every covered point's anchored prediction against its measurement (anchors left out)."""
     rows = [r for r in cost_check.check_rows(_data_dir(loaded)) if "error" in r and not r["anchor"]]
     studies = list(dict.fromkeys(r["study"] for r in rows))
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 5.6))
     lo = min(min(r["measured_ms"], r["anchored_ms"]) for r in rows) / 1.5
     hi = max(max(r["measured_ms"], r["anchored_ms"]) for r in rows) * 1.5
@@ -101,6 +100,7 @@ def _measured_weak(data_dir: Path, model: str) -> tuple[dict, float]:
 
 
 def scaling_extrapolated(loaded: dict, out: Path) -> Path:
+    plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 8.2))
     style = strategy_style(["single", *SCALED])
     measured, scale = _measured_weak(_data_dir(loaded), CNN)
