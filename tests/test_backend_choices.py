@@ -55,7 +55,10 @@ def test_an_installed_plugin_is_found_as_jax_finds_it(monkeypatch, tmp_path):
     (tmp_path / "jax_plugins" / "xla_fake" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "jax_plugins", raising=False)
-    assert "xla_fake" in mesh.accelerator_plugins()
+    try:
+        assert "xla_fake" in mesh.accelerator_plugins()
+    finally:  # the fake namespace module must not outlive the test (monkeypatch restores
+        sys.modules.pop("jax_plugins", None)  # only what it saw: nothing was there before)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
