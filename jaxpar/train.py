@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 
 from jaxpar import checkpoint as ckptlib
 from jaxpar import data as datalib
@@ -391,18 +391,21 @@ def save(run: Run, loop: LoopState):
     """Checkpoint the state and the loop's progress; returns the step's folder. A state that
     is not finite is never saved (Diverged): the last good checkpoint stays the latest."""
     drain(run, loop)  # the running sums the checkpoint keeps count every step before it
-    if not finite(loop.state.params):
+    # Checked in the reference layout, on the host: every process holds all of it there, even
+    # where a stage's arrays live on another process's device.
+    ref = run.strategy.state_to_reference(loop.state)
+    if not finite(ref.params):
         raise Diverged(loop.step, loop.last_finite_loss, run.config.optim.lr, "model's parameters")
     # The data order is a function of (seed, epoch): the step fixes the position in it.
     progress = {"epoch": loop.step // run.per_epoch, "position": loop.step % run.per_epoch,
                 "running": loop.running, "history": loop.history, "train_s": loop.train_s}
-    return run.ckpt.save(loop.step, run.strategy.state_to_reference(loop.state), progress)
+    return run.ckpt.save(loop.step, ref, progress)
 
 
 def finite(tree) -> bool:
-    """Every array of `tree` finite (each reduced where it lives: a scalar per array crosses
-    to the host; called only before a checkpoint)."""
-    return all(bool(jax.device_get(jnp.isfinite(x).all())) for x in jax.tree.leaves(tree))
+    """Every array of `tree` (host arrays: a reference-layout state) finite; called only
+    before a checkpoint."""
+    return all(bool(np.isfinite(np.asarray(x)).all()) for x in jax.tree.leaves(tree))
 
 
 def diverged_result(run: Run, loop: LoopState, compiled: dict[str, Any], wall_start: float,
