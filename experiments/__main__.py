@@ -20,7 +20,8 @@ from experiments import (batch_size, bounds, cluster, demo, figures, hparam, mac
                          pipeline_study, predict, profile_cmd, scaling, strategies,
                          time_to_accuracy)
 from experiments import report as docs_report  # not `report`: jaxpar.bench's printout
-from experiments.cli import BENCH, build_parser, config_from_args, options_from_args
+from experiments.cli import (BENCH, build_parser, cluster_arguments, config_from_args,
+                             options_from_args)
 from experiments.options import BenchOptions
 from experiments.run import execute
 from jaxpar import data, distributed, results
@@ -55,7 +56,7 @@ COMMANDS = {
              "options": predict.PlanOptions},
     "cluster": {"help": "an emulated cluster on this machine (root): hosts as network namespaces "
                         "joined by rate-limited links; run and launch commands on them",
-                "config": False, "extra": cluster.add_arguments},
+                "config": False, "extra": cluster_arguments},
     "demo": {"help": "local web page: train strategies live side by side, classify drawings with "
                      "the trained models, the study figures (needs the `demo` extra)", "config": False,
              "options": demo.DemoOptions},

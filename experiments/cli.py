@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from experiments.cluster import ACTIONS, DEFAULT_BANDWIDTH, DEFAULT_HOSTS
 from experiments.options import BenchOptions
 from jaxpar import config as configlib
 from jaxpar.errors import ConfigError
@@ -186,3 +187,20 @@ def build_parser(commands: dict[str, dict]) -> argparse.ArgumentParser:
 BENCH = {"help": "time one strategy's training step (synthetic batches); prints and "
                  "optionally writes OUT/result.json",
          "defaults": {"dataset": "synthetic"}, "options": BenchOptions}
+
+
+def cluster_arguments(parser) -> None:
+    """The `cluster` command's arguments: an action, and a command after -- that passes through
+    untouched, which the flags generated from dataclasses cannot express."""
+    parser.add_argument("action", choices=ACTIONS, help="up: make the hosts; down: remove them "
+                        "and every process in them; status; exec: run a command on --host; "
+                        "mpiexec: launch -n ranks of a command over the hosts (exec and mpiexec: "
+                        "the command follows --)")
+    parser.add_argument("--hosts", type=int, default=DEFAULT_HOSTS,
+                        help=f"up: how many hosts (default: {DEFAULT_HOSTS})")
+    parser.add_argument("--bandwidth", default=DEFAULT_BANDWIDTH,
+                        help="up: each host's link rate, e.g. 100mbit, 1gbit, 10gbit, unlimited "
+                             f"(default: {DEFAULT_BANDWIDTH})")
+    parser.add_argument("--host", type=int, default=0, help="exec: which host (default: 0)")
+    parser.add_argument("-n", type=int, default=DEFAULT_HOSTS, dest="ranks",
+                        help=f"mpiexec: how many ranks, in equal blocks over the hosts (default: {DEFAULT_HOSTS})")

@@ -263,22 +263,6 @@ ACTIONS = ("up", "down", "status", "exec", "mpiexec")
 DEFAULT_HOSTS, DEFAULT_BANDWIDTH = 2, "1gbit"  # the smallest cluster, a common cluster link
 
 
-def add_arguments(parser) -> None:
-    """The `cluster` command's arguments (experiments/__main__.py)."""
-    parser.add_argument("action", choices=ACTIONS, help="up: make the hosts; down: remove them "
-                        "and every process in them; status; exec: run a command on --host; "
-                        "mpiexec: launch -n ranks of a command over the hosts (exec and mpiexec: "
-                        "the command follows --)")
-    parser.add_argument("--hosts", type=int, default=DEFAULT_HOSTS,
-                        help=f"up: how many hosts (default: {DEFAULT_HOSTS})")
-    parser.add_argument("--bandwidth", default=DEFAULT_BANDWIDTH,
-                        help="up: each host's link rate, e.g. 100mbit, 1gbit, 10gbit, unlimited "
-                             f"(default: {DEFAULT_BANDWIDTH})")
-    parser.add_argument("--host", type=int, default=0, help="exec: which host (default: 0)")
-    parser.add_argument("-n", type=int, default=DEFAULT_HOSTS, dest="ranks",
-                        help=f"mpiexec: how many ranks, in equal blocks over the hosts (default: {DEFAULT_HOSTS})")
-
-
 def _launch(argv: list[str]) -> int:
     """Run a launch to its end; if this process is interrupted, end the launch's processes."""
     proc = subprocess.Popen(argv, start_new_session=True)
@@ -293,11 +277,12 @@ def _launch(argv: list[str]) -> int:
 def main(argv: list[str]) -> int:
     """`python -m experiments cluster ACTION [options] [-- COMMAND...]`; the exit status.
     Parsed here, not by the top-level parser: the command after -- passes through untouched."""
-    from experiments.cli import Parser
+    # Here, not at the top: the CLI module imports this one (its constants).
+    from experiments.cli import Parser, cluster_arguments
 
     split = argv.index("--") if "--" in argv else len(argv)
     parser = Parser(prog="python -m experiments cluster")
-    add_arguments(parser)
+    cluster_arguments(parser)
     args = parser.parse_args(argv[:split])
     argv = argv[split + 1:]
     if args.action in ("exec", "mpiexec") and not argv:

@@ -66,8 +66,7 @@ class MachineConfig:
     torch: bool = option(True, "PyTorch's eager step beside each one-device step, when torch imports")
     matmul_peak: bool = option(True, "time a matmul peak with the MLP's one-device step, to compare "
                                      "achieved FLOP/s with (seconds on a CPU)")
-    iters: int = option(10, "timed steps per point (fewer than the studies' 20: a whole machine "
-                            "in minutes)")
+    iters: int = options.iters()
     warmup: int = options.warmup()
     timeout: int = options.timeout()
 
