@@ -368,7 +368,12 @@ class HostPipeline(Strategy):
         return 2 * self.config.data.batch_size * sum(self.boundaries) * 4
 
     def theory(self) -> dict[str, int]:
-        return {"total": 0}  # activations move with device_put between programs
+        """Within a process activations move with device_put (no collectives); a boundary
+        between two processes' devices is a two-device collective-permute each way
+        (`processes.move`), run as programs of their own beside the step's."""
+        crossing = sum(2 * self.config.data.batch_size * n * 4 for b, n in enumerate(self.boundaries)
+                       if self.device(b).process_index != self.device(b + 1).process_index)
+        return {"collective-permute": crossing, "total": crossing} if crossing else {"total": 0}
 
     def accounting(self, programs, state) -> dict:
         # Memory per device (the base's) is the most any stage program needs; per stage, the
