@@ -15,7 +15,6 @@ import argparse
 import dataclasses
 from typing import Any
 
-from experiments.cluster import ACTIONS, DEFAULT_BANDWIDTH, DEFAULT_HOSTS
 from experiments.options import BenchOptions
 from jaxpar import config as configlib
 from jaxpar.errors import ConfigError
@@ -189,10 +188,14 @@ BENCH = {"help": "time one strategy's training step (synthetic batches); prints 
          "defaults": {"dataset": "synthetic"}, "options": BenchOptions}
 
 
+CLUSTER_ACTIONS = ("up", "down", "status", "exec", "mpiexec")
+DEFAULT_HOSTS, DEFAULT_BANDWIDTH = 2, "1gbit"  # the smallest cluster, a common cluster link
+
+
 def cluster_arguments(parser) -> None:
     """The `cluster` command's arguments: an action, and a command after -- that passes through
     untouched, which the flags generated from dataclasses cannot express."""
-    parser.add_argument("action", choices=ACTIONS, help="up: make the hosts; down: remove them "
+    parser.add_argument("action", choices=CLUSTER_ACTIONS, help="up: make the hosts; down: remove them "
                         "and every process in them; status; exec: run a command on --host; "
                         "mpiexec: launch -n ranks of a command over the hosts (exec and mpiexec: "
                         "the command follows --)")

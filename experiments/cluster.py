@@ -28,6 +28,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from experiments.cli import Parser, cluster_arguments
 from jaxpar.errors import ConfigError, UserError
 
 PREFIX = "jaxpar-h"        # namespace i and its hostname: jaxpar-h<i>
@@ -259,8 +260,6 @@ def mpiexec(ranks: int, argv: list[str]) -> list[str]:
                        "-n", str(ranks), *argv])
 
 
-ACTIONS = ("up", "down", "status", "exec", "mpiexec")
-DEFAULT_HOSTS, DEFAULT_BANDWIDTH = 2, "1gbit"  # the smallest cluster, a common cluster link
 
 
 def _launch(argv: list[str]) -> int:
@@ -277,9 +276,6 @@ def _launch(argv: list[str]) -> int:
 def main(argv: list[str]) -> int:
     """`python -m experiments cluster ACTION [options] [-- COMMAND...]`; the exit status.
     Parsed here, not by the top-level parser: the command after -- passes through untouched."""
-    # Here, not at the top: the CLI module imports this one (its constants).
-    from experiments.cli import Parser, cluster_arguments
-
     split = argv.index("--") if "--" in argv else len(argv)
     parser = Parser(prog="python -m experiments cluster")
     cluster_arguments(parser)
