@@ -108,9 +108,9 @@ def split_layers(p: Problem) -> list[int]:
 
 
 @functools.lru_cache(maxsize=64)
-def _tensor_bytes(model: tuple, batch_local: int, degree: int) -> tuple[float, int]:
-    """(all-reduce operand bytes per step, all-reduces per step) of the Megatron / channel
-    split, from `jaxpar.theory` and `jaxpar.parallel.channels` (as `Tensor.theory` states them)."""
+def _tensor_ops(model: tuple, batch_local: int, degree: int) -> tuple[Collective, ...]:
+    """The collectives of the Megatron / channel split per step, from `jaxpar.theory` and
+    `jaxpar.parallel.channels` (as `Tensor.theory` states them)."""
     from jaxpar import theory
     from jaxpar.config import ModelConfig
     from jaxpar.models import abstract_model, option_value
@@ -118,34 +118,44 @@ def _tensor_bytes(model: tuple, batch_local: int, degree: int) -> tuple[float, i
 
     name, depth, width = model
     if degree <= 1:
-        return 0.0, 0
+        return ()
     if name == "stack-mlp":
         depth, width = option_value(name, "depth", depth), option_value(name, "width", width)
-        return float(theory.tensor_collective_bytes(batch_local=batch_local, width=width, depth=depth,
-                                                   degree=degree, vit=False)), 2 * depth
+        nbytes = theory.tensor_collective_bytes(batch_local=batch_local, width=width, depth=depth,
+                                                degree=degree, vit=False)
+        return (Collective("all-reduce", nbytes / (2 * depth), degree, 2 * depth),)
     net = abstract_model(ModelConfig(name, depth=depth, width=width))
-    pairs = 1 if name == "cnn" else len(net.blocks)
-    return float(channels.collective_bytes(net, batch_local, IMAGE_SHAPE)), 2 * pairs - (1 if name == "cnn" else 0)
+    if name == "cnn":  # conv2's output reduce-scattered over the batch, its gradient gathered
+        whole = batch_local * 14 * 14 * net.conv2.out_features * channels.F32
+        tail = channels.tail_param_bytes(net) + channels.METRIC_SUMS * channels.F32
+        return (Collective("reduce-scatter", whole, degree), Collective("all-gather", whole / degree, degree),
+                Collective("all-reduce", tail, degree))
+    count = 2 * len(net.blocks)
+    nbytes = channels.collective_bytes(net, batch_local, IMAGE_SHAPE, degree)
+    return (Collective("all-reduce", nbytes / count, degree, count),)
 
 
 def _tensor_parts(p: Problem, batch: float, layers) -> tuple[float, float]:
-    """(compute seconds, parameter bytes) of one tensor shard of `layers` at this batch."""
+    """(compute seconds, parameter bytes) of one tensor shard of `layers` at this batch: split
+    layers' work and parameters / T; the CNN's head after the split also runs on B/T rows
+    (its parameters whole)."""
     c, t = p.compute, p.size("tensor")
     split = set(split_layers(p))
+    rows = set(range(max(split) + 1, len(c.layers))) if p.model.get("model") == "cnn" and split else set()
     shares = c.shares(batch)
-    frac = sum(shares[i] / (t if i in split else 1) for i in layers)
+    frac = sum(shares[i] / (t if i in split | rows else 1) for i in layers)
     params = sum(c.layers[i].param_bytes / (t if i in split else 1) for i in layers)
     return c.backprop_s(batch) * frac + c.update_s * params / max(c.param_bytes, 1), params
 
 
 def tensor(p: Problem) -> Work:
     """Split layers' compute and parameters divided by T; their activations all-reduced twice
-    (forward and backward) per pair; over data > 1 also the gradient all-reduce."""
+    (forward and backward) per pair (the CNN: reduce-scattered, gathered back); over data > 1
+    also the gradient all-reduce."""
     d, t = p.size("data"), p.size("tensor")
     b = p.batch / d
     seconds, params = _tensor_parts(p, b, range(len(p.compute.layers)))
-    nbytes, count = _tensor_bytes((p.model.get("model"), p.model.get("depth"), p.model.get("width")), int(b), t)
-    ops = [Collective("all-reduce", nbytes / count, t, count)] if count else []
+    ops = list(_tensor_ops((p.model.get("model"), p.model.get("depth"), p.model.get("width")), int(b), t))
     if d > 1:
         ops.append(Collective("all-reduce", params + SUMS, d))
     return Work((seconds,) * (d * t), tuple(ops), params * 3, p.compute.temp_bytes(b))
@@ -199,8 +209,8 @@ def pipeline(p: Problem, op: str = "collective-permute") -> Work:
     boundary = max((c.layers[r[-1]].out_bytes_per_example for r in ranges[:-1]), default=0) * b / t
     ops = [Collective(op, boundary, s, 2 * (m + s - 1))] if s > 1 else []
     if t > 1:
-        nbytes, count = _tensor_bytes((p.model.get("model"), p.model.get("depth"), p.model.get("width")), int(b), t)
-        ops.append(Collective("all-reduce", nbytes / max(count, 1) / s, t, count * m))
+        ops += [Collective(o.op, o.bytes / s, t, o.count * m)
+                for o in _tensor_ops((p.model.get("model"), p.model.get("depth"), p.model.get("width")), int(b), t)]
     if d > 1:
         ops.append(Collective("all-reduce", max(stage_params) + SUMS, d))
     in_flight = m if p.schedule == "gpipe" else min(m, s)

@@ -143,23 +143,29 @@ def test_heterogeneous_stages_send_the_widest_boundary(schedule):
     assert got == pipeline_bytes(schedule, 4, 4, 32, max(CNN_BOUNDARIES))
 
 
-def channel_split_bytes(model: str, batch: int) -> int:
-    """The CNN all-reduces conv2's output [B, 14, 14, 64] forward (conv1 reads the image: no
-    backward all-reduce); each ResNet-8 block its output forward and its input gradient
-    backward: [28,28,16] and [28,28,16], [14,14,32] and [28,28,16], [7,7,64] and [14,14,32]."""
+def channel_split_bytes(model: str, batch: int, tensor: int) -> dict[str, int]:
+    """By collective, the operand bytes of a step. The CNN reduce-scatters conv2's output
+    [B, 14, 14, 64] over the batch forward and all-gathers its gradient [B/T, 14, 14, 64]
+    backward (conv1 reads the image: no input gradient), then all-reduces the gradients of the
+    layers that ran on the scattered rows (conv2's bias, fc1 3136x128 + 128, fc2 128x10 + 10)
+    and the 3 metric sums. Each ResNet-8 block all-reduces its output forward and its input
+    gradient backward: [28,28,16] and [28,28,16], [14,14,32] and [28,28,16], [7,7,64] and
+    [14,14,32]."""
     if model == "cnn":
-        return batch * 14 * 14 * 64 * F32
+        whole = batch * 14 * 14 * 64 * F32
+        tail = (64 + 3136 * 128 + 128 + 128 * 10 + 10 + 3) * F32
+        return {"reduce-scatter": whole, "all-gather": whole // tensor, "all-reduce": tail}
     blocks = [(28 * 28 * 16, 28 * 28 * 16), (14 * 14 * 32, 28 * 28 * 16), (7 * 7 * 64, 14 * 14 * 32)]
-    return batch * sum(out + grad for out, grad in blocks) * F32
+    return {"all-reduce": batch * sum(out + grad for out, grad in blocks) * F32}
 
 
 @requires_devices(4)
 @pytest.mark.parametrize("model,tensor", [("cnn", 2), ("cnn", 4), ("resnet", 2)])
-def test_tensor_parallel_convs_all_reduce_what_the_shapes_say(model, tensor):
-    want = channel_split_bytes(model, 32)
+def test_tensor_parallel_convs_move_what_the_shapes_say(model, tensor):
+    want = channel_split_bytes(model, 32, tensor)
     got = measured(tensor, strategy="tensor", mesh=f"tensor={tensor}", model=model, width=None,
                    depth=None, batch_size=32)
-    assert got == {"all-reduce": want, "total": want}
+    assert got == {**want, "total": sum(want.values())}
 
 
 @requires_devices(2)

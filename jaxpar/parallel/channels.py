@@ -8,8 +8,14 @@ summed with one `psum` over TENSOR, and its bias (if any) is added once after th
 pair's input is cast tensor-varying once (Megatron's `f`), so its gradient is all-reduced
 once in the backward pass, unless nothing needs it (the CNN's first conv reads the image).
 
-- CNN: conv1 (+bn1) by output channels, conv2 by input channels; fc1, fc2 replicated. One
-  all-reduce of conv2's output [B, 14, 14, 64] per step.
+- CNN: conv1 (+bn1) by output channels, conv2 by input channels, whose partial outputs are
+  summed *and scattered over the batch* (one reduce-scatter: Megatron's sequence parallelism,
+  Korthikanti et al. 2022, with the batch for the sequence), so bn2, ReLU, the pool, fc1 and
+  fc2 run on B/T rows per device instead of all B on every device (replicated, they were 40%
+  of the step, T times over). Backward: one all-gather of conv2's output gradient, and the
+  all-reduce of the (replicated) tail's parameter gradients; bn2 normalises by the statistics
+  of the whole batch (its `axis_name` set to TENSOR), as in `single`. The loss reads each
+  device's rows (`local_rows`); the metric sums are summed over TENSOR.
 - ResNet: in each basic block conv1 (+bn1) by output, conv2 by input; bn2, the projection
   shortcut, the stem and the head replicated. Per block one all-reduce of the block's
   output before bn2 [B, H, W, C_out] forward and one of its input gradient [B, H', W', C_in]
@@ -34,6 +40,7 @@ from jaxpar.models import CNN
 from jaxpar.models.resnet import BasicBlock
 
 F32 = 4
+METRIC_SUMS = 3  # step.metric_sums: loss_sum, correct, count
 
 
 def leaf_spec(layer: str, kind: str) -> P:
@@ -86,18 +93,57 @@ def block(module: BasicBlock, h: jax.Array, train: bool) -> jax.Array:
     return nnx.relu(y + shortcut)
 
 
+def scatters_rows(model) -> bool:
+    """True where the split leaves each device B/T rows of the batch after the convolutions
+    (the CNN), so the loss reads `local_rows` and the metric sums add over TENSOR."""
+    return isinstance(model, CNN)
+
+
+def local_rows(batch: dict, rows: int) -> dict:
+    """This device's `rows` consecutive rows of a (tensor-replicated) batch, as
+    `psum_scatter(..., scatter_dimension=0, tiled=True)` hands them out."""
+    start = jax.lax.axis_index(TENSOR) * rows
+    return {k: jax.lax.dynamic_slice_in_dim(v, start, rows) for k, v in batch.items()}
+
+
+def _scatter_conv(conv: nnx.Conv, h: jax.Array) -> jax.Array:
+    """Row-parallel conv whose partial sums are reduce-scattered over the batch: this
+    device's B/T rows of the whole convolution, the bias added once."""
+    y = jax.lax.psum_scatter(_without_bias(conv)(h) if conv.bias is not None else conv(h),
+                             TENSOR, scatter_dimension=0, tiled=True)
+    return y if conv.bias is None else y + conv.bias[...]
+
+
+def _batch_norm_over(bn: nnx.BatchNorm | None, axis: str) -> nnx.BatchNorm | None:
+    """`bn` normalising by the statistics of the rows on every device of `axis` (the module
+    is this trace's own merge, so the attribute set here lives only in this step)."""
+    if bn is not None:
+        bn.axis_name = axis
+    return bn
+
+
 def cnn_layers(model: CNN) -> list:
     """The CNN's layers on this device's channel shard: conv1's stage on its output
-    channels, conv2's summed over input channels, the head replicated."""
+    channels, conv2's summed over input channels and scattered over the batch, the head on
+    this device's rows."""
     layers = model.layers()
 
     def second(h, train):
-        return model.after_conv(getattr(model, "bn2", None), row_conv(model.conv2, h), train)
+        bn2 = _batch_norm_over(getattr(model, "bn2", None), TENSOR)
+        return model.after_conv(bn2, _scatter_conv(model.conv2, h), train)
 
     return [lambda h, train: layers[0](_varying(h), train), second, None, None]
 
 
-def collective_bytes(model, batch_local: int, image_shape: tuple[int, ...]) -> int:
+def tail_param_bytes(model: CNN) -> int:
+    """Bytes of the parameters applied to the scattered rows (conv2's bias, bn2, fc1, fc2):
+    replicated, their gradients are all-reduced over TENSOR."""
+    leaves = [model.fc1, model.fc2, getattr(model, "bn2", None)]
+    total = sum(x.size for m in leaves if m is not None for x in jax.tree.leaves(nnx.state(m, nnx.Param)))
+    return (total + (model.conv2.bias.size if model.conv2.bias is not None else 0)) * F32
+
+
+def collective_bytes(model, batch_local: int, image_shape: tuple[int, ...], degree: int) -> int:
     """All-reduce operand bytes per training step of the channel split (one device): each
     pair's summed output forward, and its input gradient backward where one is needed."""
     # The model goes in as an argument, shapes only: its arrays may be donated by now, and a
@@ -108,7 +154,10 @@ def collective_bytes(model, batch_local: int, image_shape: tuple[int, ...]) -> i
     for i, layer in enumerate(model.layers()):
         out = jax.eval_shape(lambda s, x, i=i: nnx.merge(graphdef, s).layers()[i](x, False), state, h)
         if isinstance(model, CNN) and i == 1:  # conv2's output, before pooling
-            total += batch_local * h.shape[1] * h.shape[2] * model.conv2.out_features * F32
+            whole = batch_local * h.shape[1] * h.shape[2] * model.conv2.out_features * F32
+            # reduce-scatter forward (operand: the whole output), all-gather of its gradient
+            # backward (operand: this device's rows), the tail's gradients, the metric sums
+            total += whole + whole // degree + tail_param_bytes(model) + METRIC_SUMS * F32
         elif not isinstance(model, CNN) and layer.name.startswith("block"):
             total += (out.size + h.size) * F32
         h = out

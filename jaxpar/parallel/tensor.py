@@ -109,7 +109,8 @@ class _TensorBase(Strategy):
         raise NotImplementedError
 
     def rows_multiple(self) -> int:
-        return self.data
+        # the CNN's head runs on B/T rows per device (`channels.scatters_rows`)
+        return self.data * (self.degree if channels.scatters_rows(self.model) else 1)
 
     def place_batch(self, batch):
         return processes.place(self.pad(batch), self.batch_sharding)
@@ -121,8 +122,11 @@ class _TensorBase(Strategy):
         batch_local = self.config.data.batch_size // self.data
         if isinstance(self.model, (CNN, ResNet)):  # channel-split conv pairs
             shape = datalib.spec(self.config.data).image_shape
-            split = channels.collective_bytes(self.model, batch_local, shape) if self.degree > 1 else 0
-            return {"total": split + (self.param_bytes + 3 * theory.F32 if self.data > 1 else 0)}
+            split = channels.collective_bytes(self.model, batch_local, shape, self.degree) if self.degree > 1 else 0
+            # over DATA: the gradient and the 3 metric sums; the CNN's scattered rows also sum
+            # the weight total (its loss denominator) on its own
+            sums = 3 + (1 if channels.scatters_rows(self.model) and self.degree > 1 else 0)
+            return {"total": split + (self.param_bytes + sums * theory.F32 if self.data > 1 else 0)}
         total = theory.tensor_collective_bytes(
             batch_local=batch_local, width=self.model.blocks[0].up.in_features,
             depth=len(self.model.blocks), degree=self.degree, vit=isinstance(self.model, ViT),
@@ -164,7 +168,13 @@ class Tensor(_TensorBase):
         h = steplib.normalize(batch["image"])
         for layer, split in zip(model.layers(), megatron.split_layers(model)):
             h = (split or layer)(h, train)
+        scattered = channels.scatters_rows(model) and self.degree > 1
+        if scattered:  # each device holds B/T rows' logits: its loss over the whole batch's weight
+            denom = batch["weight"].sum() if denom is None else denom
+            batch = channels.local_rows(batch, h.shape[0])
         loss, sums = steplib.loss_from_logits(h, batch, denom)
+        if scattered:
+            sums = jax.lax.psum(sums, TENSOR)
         new_state = nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))) if train else model_state
         return loss, (new_state, sums)
 
