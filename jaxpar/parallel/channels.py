@@ -11,8 +11,7 @@ once in the backward pass, unless nothing needs it (the CNN's first conv reads t
 - CNN: conv1 (+bn1) by output channels, conv2 by input channels, whose partial outputs are
   summed *and scattered over the batch* (one reduce-scatter: Megatron's sequence parallelism,
   Korthikanti et al. 2022, with the batch for the sequence), so bn2, ReLU, the pool, fc1 and
-  fc2 run on B/T rows per device instead of all B on every device (replicated, they were 40%
-  of the step, T times over). Backward: one all-gather of conv2's output gradient, and the
+  fc2 run on B/T rows per device instead of all B on every device. Backward: one all-gather of conv2's output gradient, and the
   all-reduce of the (replicated) tail's parameter gradients; bn2 normalises by the statistics
   of the whole batch (its `axis_name` set to TENSOR), as in `single`. The loss reads each
   device's rows (`local_rows`); the metric sums are summed over TENSOR.
