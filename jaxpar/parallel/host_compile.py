@@ -9,7 +9,6 @@ the next one's arguments, so nothing runs.
 from __future__ import annotations
 
 import jax
-from jax.sharding import SingleDeviceSharding
 
 from jaxpar import measure
 
@@ -34,12 +33,6 @@ def compile_programs(pipe, name: str, state, batch) -> list[measure.Program]:
     return parts
 
 
-def _on(tree, device):
-    """`tree`'s shapes as abstract arguments on `device`."""
-    sharding = SingleDeviceSharding(device)
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
-
-
 def _step_programs(pipe, build, r, state, batch):
     S, per = pipe.S, pipe.M // pipe.replicas
     x = build(f"split_images{r}", r, 0, 1, batch["image"][r])[0]
@@ -48,26 +41,26 @@ def _step_programs(pipe, build, r, state, batch):
         p, z = pipe._copy(state.params, r, s), pipe._copy(state.model_state, r, s)
         opt = pipe._copy(state.opt_state, r, s)
         acc, z_sum, sums = build(f"zeros{s}", r, s, 1, p, z)
-        acc, z_sum = _on(acc, pipe.device(s, r)), _on(z_sum, pipe.device(s, r))
+        acc, z_sum = pipe.abstract_on(acc, s, r), pipe.abstract_on(z_sum, s, r)
         if s < S - 1:
             out, vjp, _ = build(f"train_fwd{s}", r, s, per, p, z, x, z_sum)
-            g = _on(out, pipe.device(s, r))  # the gradient of the output: its shape
-            args = (p, z, x, g) if pipe.remat else (_on(vjp, pipe.device(s, r)), g)
+            g = pipe.abstract_on(out, s, r)  # the gradient of the output: its shape
+            args = (p, z, x, g) if pipe.remat else (pipe.abstract_on(vjp, s, r), g)
             build(f"bwd{s}", r, s, per, *args, acc)
-            x = _on(out, pipe.device(s + 1, r))
+            x = pipe.abstract_on(out, s + 1, r)
         else:
             build("last", r, s, per, p, z, x, labels[0], weights[0], denom, acc, z_sum,
-                  _on(sums, pipe.device(s, r)))
+                  pipe.abstract_on(sums, s, r))
         build(f"update{s}", r, s, 1, p, opt, acc, z_sum)
         if pipe.replicas > 1:
             build(f"add{s}", r, s, 1, (acc, z_sum), (acc, z_sum))
             if s == S - 1 and r == 0:
-                build("add_sums", r, s, 1, *(2 * (_on(sums, pipe.device(s, r)),)))
+                build("add_sums", r, s, 1, *(2 * (pipe.abstract_on(sums, s, r),)))
 
 
 def _eval_programs(pipe, build, state, batch):
     S, x = pipe.S, batch["image"][0]
     for s in range(S - 1):
-        x = _on(build(f"fwd{s}", 0, s, 1, state.params[s], state.model_state[s], x), pipe.device(s + 1))
+        x = pipe.abstract_on(build(f"fwd{s}", 0, s, 1, state.params[s], state.model_state[s], x), s + 1)
     labels = {"label": batch["label"][0], "weight": batch["weight"][0]}
     build("last_eval", 0, S - 1, 1, state.params[S - 1], state.model_state[S - 1], x, labels)

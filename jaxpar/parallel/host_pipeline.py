@@ -44,6 +44,7 @@ from flax import nnx
 from jax.sharding import SingleDeviceSharding
 
 from jaxpar import measure
+from jaxpar import mesh as meshlib
 from jaxpar import step as steplib
 from jaxpar import data as datalib
 from jaxpar.errors import ConfigError
@@ -109,9 +110,9 @@ class HostPipeline(Strategy):
     # --- layout ----------------------------------------------------------------------------
     def init(self, model, tx, mesh):
         self.mesh, self.tx = mesh, tx
-        self.devices = list(mesh.devices.flat)
+        self.devices = self._stage_devices(mesh)
         self.S = S = len(self.devices)
-        problems = self.check(self.config, {STAGE: S})
+        problems = self.check(self.config, meshlib.mesh_shape(mesh))
         if problems:
             raise ConfigError(" ".join(problems))
         self.M = self.microbatches
@@ -134,9 +135,28 @@ class HostPipeline(Strategy):
         self._build_programs()
         return self.state_from_reference(steplib.init_state(params, model_state, tx))
 
+    def _stage_devices(self, mesh) -> list:
+        """One device per stage position (here every device of the mesh holds one stage)."""
+        return list(mesh.devices.flat)
+
     def device(self, s: int, r: int = 0):
         """The device of stage s of replica r."""
         return self.devices[schedules.device_of(s, r, self.S)]
+
+    # --- where a stage's arrays live (`hybrid_mpmd` places a stage on several devices) -------
+    def _place(self, tree, s: int, r: int, kind: str):
+        """Host arrays of stage s of replica r on its device; `kind` ('params', 'opt',
+        'stats', 'rows') says what they are, for stages that lay each out differently."""
+        return processes.place(tree, SingleDeviceSharding(self.device(s, r)))
+
+    def move(self, tree, s: int, r: int = 0):
+        """Activations or their gradients sent to stage s of replica r."""
+        return processes.move(tree, self.device(s, r))
+
+    def abstract_on(self, tree, s: int, r: int = 0):
+        """`tree`'s shapes as abstract arguments of a program of stage s of replica r."""
+        sharding = SingleDeviceSharding(self.device(s, r))
+        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
 
     @property
     def copies(self) -> list[tuple[int, int]]:
@@ -153,10 +173,9 @@ class HostPipeline(Strategy):
         params, opts, stats = [], [], []
         for r, s in self.copies:
             p = self._stage_params(ref.params, s)
-            on = SingleDeviceSharding(self.device(s, r))
-            params.append(processes.place(p, on))
-            opts.append(processes.place(pick(jax.eval_shape(self.tx.init, p), [ref.opt_state]), on))
-            stats.append(processes.place(self._stage_params(ref.model_state, s), on))
+            params.append(self._place(p, s, r, "params"))
+            opts.append(self._place(pick(jax.eval_shape(self.tx.init, p), [ref.opt_state]), s, r, "opt"))
+            stats.append(self._place(self._stage_params(ref.model_state, s), s, r, "stats"))
         return steplib.TrainState(step=processes.place(ref.step, SingleDeviceSharding(self.devices[0])),
                                   params=tuple(params), opt_state=tuple(opts), model_state=tuple(stats))
 
@@ -178,10 +197,9 @@ class HostPipeline(Strategy):
         batch = self.pad(batch)
         out = {k: [] for k in ("image", "label", "weight")}
         for r in range(self.replicas):
-            first, last = (SingleDeviceSharding(self.device(s, r)) for s in (0, self.S - 1))
-            out["image"].append(processes.place(batch["image"], first))
-            out["label"].append(processes.place(batch["label"], last))
-            out["weight"].append(processes.place(batch["weight"], last))
+            out["image"].append(self._place(batch["image"], 0, r, "rows"))
+            out["label"].append(self._place(batch["label"], self.S - 1, r, "rows"))
+            out["weight"].append(self._place(batch["weight"], self.S - 1, r, "rows"))
         return {k: tuple(v) for k, v in out.items()}
 
     def host_sums(self, sums):
@@ -344,8 +362,8 @@ class HostPipeline(Strategy):
     def eval_step(self, state, batch):
         x = batch["image"][0]
         for s in range(self.S - 1):
-            x = processes.move(self._prog(f"fwd{s}", "eval_step", self.device(s))(
-                state.params[s], state.model_state[s], x), self.device(s + 1))
+            x = self.move(self._prog(f"fwd{s}", "eval_step", self.device(s))(
+                state.params[s], state.model_state[s], x), s + 1)
         labels = {"label": batch["label"][0], "weight": batch["weight"][0]}
         return self._prog("last_eval", "eval_step", self.device(self.S - 1))(
             state.params[self.S - 1], state.model_state[self.S - 1], x, labels)

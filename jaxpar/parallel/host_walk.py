@@ -10,7 +10,7 @@ import functools
 
 import jax
 
-from jaxpar.parallel import processes, schedules
+from jaxpar.parallel import schedules
 
 
 class Walk:
@@ -45,7 +45,7 @@ class Walk:
         return functools.partial(program, tag)
 
     def _send(self, what, x, r, m, s):
-        self.inbox[what, r, m, s] = processes.move(x, self.p.device(s, r))
+        self.inbox[what, r, m, s] = self.p.move(x, s, r)
 
     def run(self, kind, m, r, d):
         """Device d's table entry: a forward or backward of micro-batch m of replica r."""
@@ -88,9 +88,9 @@ class Walk:
             for r, s in p.copies:
                 for other in range(p.replicas):
                     if other != r:
-                        theirs = processes.move((self.acc[other, s], self.z_sum[other, s]), p.device(s, r))
+                        theirs = p.move((self.acc[other, s], self.z_sum[other, s]), s, r)
                         acc[r, s], z_sum[r, s] = self.prog(f"add{s}", s, r)((acc[r, s], z_sum[r, s]), theirs)
-            sums = self.prog("add_sums", p.S - 1, 0)(self.sums[0], processes.move(self.sums[1], p.device(p.S - 1, 0)))
+            sums = self.prog("add_sums", p.S - 1, 0)(self.sums[0], p.move(self.sums[1], p.S - 1, 0))
         else:
             sums = self.sums[0]
         order = p.copies

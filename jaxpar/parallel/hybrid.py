@@ -3,10 +3,16 @@
 The `pipeline` strategy (GPipe or 1F1B over STAGE, stages cut by FLOPs) with each stage's
 blocks split Megatron-style over TENSOR by `jaxpar.parallel.megatron` (the split `tensor`
 uses), and the batch sharded over DATA (global loss denominator; gradients of weights that
-are replicated over DATA summed explicitly). A stage's parameters are two flat vectors
-(`jaxpar.parallel.stages`): the split leaves' local slices, sharded over STAGE and TENSOR,
-and the replicated rest, sharded over STAGE only, so the replicated weights stay invariant
-over TENSOR and the split's one backward all-reduce per sub-block happens as in `tensor`.
+are replicated over DATA summed explicitly). Two formulations, as `pipeline` has
+(`--pipeline-impl`; auto: mpmd on a CPU backend within one process, spmd elsewhere):
+
+- spmd (this module): one program over the whole mesh. A stage's parameters are two flat
+  vectors (`jaxpar.parallel.stages`): the split leaves' local slices, sharded over STAGE and
+  TENSOR, and the replicated rest, sharded over STAGE only, so the replicated weights stay
+  invariant over TENSOR and the split's one backward all-reduce per sub-block happens as in
+  `tensor`.
+- mpmd (`hybrid_mpmd`): one program per stage on its data x tensor sub-mesh, the schedule
+  walked from the host (`host_pipeline`).
 
     python -m experiments train --strategy hybrid --mesh data=2,tensor=2,stage=2 --devices 8 \\
         --model stack-mlp --dataset synthetic --steps 20 --microbatches 2
@@ -14,11 +20,14 @@ over TENSOR and the split's one backward all-reduce per sub-block happens as in 
 
 from __future__ import annotations
 
+import jax
 
-from jaxpar import mesh as meshlib
-from jaxpar.mesh import DATA, STAGE, TENSOR
+from jaxpar.errors import ConfigError
+from jaxpar.mesh import TENSOR
 from jaxpar.parallel import megatron
+from jaxpar.parallel.hybrid_mpmd import HybridMPMD
 from jaxpar.parallel.pipeline import Pipeline
+from jaxpar.parallel.pipeline_common import HybridFace
 from jaxpar.parallel.stages import Stages
 
 
@@ -28,42 +37,29 @@ def split_dim(path) -> int | None:
     return next((i for i, axis in enumerate(spec) if axis == TENSOR), None)
 
 
-class Hybrid(Pipeline):
-    name = "hybrid"
-    family = "hybrid"
-    summary = ("data x tensor x stage on one mesh: pipeline stages, Megatron-split blocks, "
-               "data-sharded batch")
-    models = ("stack-mlp", "vit")  # blocks that split column -> row, no batch norm
-    data_axis = DATA
-    axes = (DATA, TENSOR, STAGE)
-    # one SPMD program only: each stage's tensor split is a collective over its TENSOR devices
-    options = tuple(o for o in Pipeline.options if o != "pipeline_impl")
-    host_formulation = None
+class Hybrid(HybridFace, Pipeline):
+    """The SPMD formulation, and the strategy's entry in the registry (`formulation` picks)."""
+
+    host_formulation = HybridMPMD
 
     @classmethod
-    def check(cls, config, axes):
-        return super().check(config, axes) + megatron.split_problems(config, axes.get(TENSOR, 1), cls.name)
-
-    @classmethod
-    def default_mesh(cls, devices):
-        """2 stages; tensor=2 when 4 devices divide; data = the rest (4: tensor=2 x stage=2,
-        8: data=2 x tensor=2 x stage=2)."""
-        tensor = 2 if devices % 4 == 0 else 1
-        return meshlib.resolve_axes({DATA: -1, TENSOR: tensor, STAGE: 2}, devices)
-
-    @classmethod
-    def mesh_axes(cls, spec, devices):
-        axes = super().mesh_axes(spec, devices)
-        # All three present (specs name them), in the order given (outermost first).
-        return {**{a: 1 for a in meshlib.AXES if a not in axes}, **axes}
+    def formulation(cls, config):
+        """As `pipeline`'s, but within one process only: a stage's sub-mesh over several
+        processes runs in the SPMD program."""
+        chosen = super().formulation(config)
+        if chosen is cls or jax.process_count() == 1:
+            return chosen
+        if config.parallel.pipeline_impl == "mpmd":
+            raise ConfigError("--strategy hybrid --pipeline-impl mpmd runs within one process; "
+                              "across processes use --pipeline-impl spmd (or auto)")
+        return cls
 
     def _stages(self, model) -> Stages:
-        return Stages(model, self.starts, self.rows, image_shape=self.image_shape, split=split_dim, degree=self.mesh.shape[TENSOR],
-                      split_layer=lambda m, i: megatron.split_layers(m)[i])
+        return Stages(model, self.starts, self.rows, image_shape=self.image_shape, split=split_dim,
+                      degree=self.mesh.shape[TENSOR], split_layer=lambda m, i: megatron.split_layers(m)[i])
 
     def theory(self) -> dict[str, int]:
         return {}  # measured only: the pipeline's formula does not cover the tensor split
 
     def describe(self) -> dict:
-        shape = meshlib.mesh_shape(self.mesh)
-        return {**super().describe(), "data": shape[DATA], "tensor": shape[TENSOR]}
+        return {**super().describe(), **self.mesh_facts()}

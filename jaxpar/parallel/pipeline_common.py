@@ -4,9 +4,10 @@ Two formulations execute the same schedule tables (`schedules`) with the same re
 
 - `spmd`: one SPMD program over the STAGE axis (`pipeline.py`): every stage a branch of
   `lax.switch`, the ticks or slots a `lax.scan`, activations moved with `lax.ppermute`;
-  stages padded to one shape (`stages.py`). The hybrid data x tensor x stage mesh needs it.
-- `mpmd`: one program per stage on its own device, the table walked from the host
-  (`host_pipeline.py`): no control flow around the stage's layers, no padding.
+  stages padded to one shape (`stages.py`).
+- `mpmd`: one program per stage on its own device (hybrid: its data x tensor sub-mesh), the
+  table walked from the host (`host_pipeline.py`): no control flow around the stage's layers,
+  no padding.
 
 `auto` takes mpmd on a CPU backend, where XLA runs convolutions inside a conditional or a
 loop body on a slow path (a conv's forward and backward ~20x slower inside `lax.switch`), and
@@ -21,8 +22,9 @@ import jax
 
 from jaxpar import cost_strategies
 from jaxpar.errors import ConfigError
-from jaxpar.mesh import DATA, STAGE
-from jaxpar.parallel import partition
+from jaxpar import mesh as meshlib
+from jaxpar.mesh import DATA, STAGE, TENSOR
+from jaxpar.parallel import megatron, partition
 
 PIPELINE_IMPLS = ("auto", "spmd", "mpmd")
 
@@ -93,3 +95,36 @@ class GemsFace(PipelineFace):
             problems.append(f"--microbatches {m} must be even for --strategy gems: half of them go down "
                             f"each replica.")
         return problems
+
+
+class HybridFace(PipelineFace):
+    """`hybrid`: `pipeline` with each stage's blocks split over TENSOR and the batch over DATA."""
+
+    name = "hybrid"
+    family = "hybrid"
+    summary = ("data x tensor x stage on one mesh: pipeline stages, Megatron-split blocks, "
+               "data-sharded batch")
+    models = ("stack-mlp", "vit")  # blocks that split column -> row, no batch norm
+    data_axis = DATA
+    axes = (DATA, TENSOR, STAGE)
+
+    @classmethod
+    def check(cls, config, axes):
+        return super().check(config, axes) + megatron.split_problems(config, axes.get(TENSOR, 1), cls.name)
+
+    @classmethod
+    def default_mesh(cls, devices):
+        """2 stages; tensor=2 when 4 devices divide; data = the rest (4: tensor=2 x stage=2,
+        8: data=2 x tensor=2 x stage=2)."""
+        tensor = 2 if devices % 4 == 0 else 1
+        return meshlib.resolve_axes({DATA: -1, TENSOR: tensor, STAGE: 2}, devices)
+
+    @classmethod
+    def mesh_axes(cls, spec, devices):
+        axes = super().mesh_axes(spec, devices)
+        # All three present (specs name them), in the order given (outermost first).
+        return {**{a: 1 for a in meshlib.AXES if a not in axes}, **axes}
+
+    def mesh_facts(self) -> dict:
+        shape = meshlib.mesh_shape(self.mesh)
+        return {"data": shape[DATA], "tensor": shape[TENSOR]}
