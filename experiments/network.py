@@ -33,7 +33,7 @@ from experiments.speedup import REFERENCE
 from experiments.study import Study, at_least, distinct
 from jaxpar import results
 from jaxpar.config import TrainConfig, with_options
-from jaxpar.errors import ConfigError, UserError
+from jaxpar.errors import UserError
 from jaxpar.parallel import STRATEGIES
 
 # Every strategy that runs its ranks across hosts at 2 processes: mpi4jax's, and the
@@ -122,11 +122,11 @@ def run(config: NetworkConfig) -> list[Path] | None:
     however the block ends); then OUT/network.json and OUT/summary.md. None when a point
     failed (the others are still written)."""
     refs, across = plan(config)
-    out = results.ensure_writable(config.out)
-    pending = {bw: [p for p in found if points.stored(out / p.folder, p) is None]
+    pending = {bw: [p for p in found if points.stored(Path(config.out) / p.folder, p) is None]
                for bw, found in across.items()}
     if any(pending.values()) and (why := cluster.missing()) is not None:
         raise UserError(f"the network study runs its points on an emulated cluster: {why}")
+    out = results.ensure_writable(config.out)
     outcomes = list(zip(refs, points.run(refs, out, config.timeout, keep_going=True)))
     for bw, found in across.items():
         if not pending[bw]:  # every point already measured: no cluster needed
