@@ -70,7 +70,7 @@ class NetworkConfig:
 # A tiny MLP, 2 strategies (gradients and activations sent), a slow and an unlimited link.
 QUICK = dataclasses.replace(NetworkConfig(), models=("mlp",), width=64, depth=2,
                             strategies=("mpi-allreduce", "mpi-pipeline"),
-                            bandwidths=("100mbit", "unlimited"), microbatches=4, iters=5, warmup=2,
+                            bandwidths=("100mbit", "unlimited"), microbatches=4, iters=10, warmup=2,
                             timeout=120)
 
 

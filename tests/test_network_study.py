@@ -79,9 +79,10 @@ def test_quick_study_across_two_hosts(tmp_path):
     allreduce = slow["mpi-allreduce"]
     assert abs(allreduce["wire_busier_per_step"] - allreduce["theory_wire_per_step"]) \
         <= 0.1 * allreduce["theory_wire_per_step"], allreduce
-    # The link is the bottleneck at 100 Mbit/s: the step at least the theory's bytes at the rate.
-    assert allreduce["ms_per_step"] >= 0.9 * allreduce["link_ms"]
+    # 100 Mbit/s exposes communication: the step is slower than at unlimited bandwidth, by at
+    # least half the theory's bytes at the rate (tbf's bucket lets a burst through at once).
     assert allreduce["exposed_comm_ms"] == allreduce["ms_per_step"] - allreduce["compute_ms"]
+    assert allreduce["exposed_comm_ms"] >= 0.5 * allreduce["link_ms"], allreduce
     assert study.metrics["references"][0]["strategy"] == "single"
     table = tables.TABLES["network"](tmp_path)
     assert "| mlp | mpi-allreduce | gradients | 100mbit |" in table and "*mlp:*" in table
