@@ -113,16 +113,17 @@ def position(bandwidth: str, rates: list[int]) -> float:
 
 def _crossing(order: list[str], xs: list[float], diff: list[float]) -> list[dict]:
     """Where `diff` changes sign between two measured bandwidths: {'between': [lower, upper],
-    'rate_bits_per_s': interpolated in log rate, or None where the upper one is unlimited}."""
+    'rate_bits_per_s': interpolated in log rate, or None where the upper one is unlimited,
+    'x': where the lines cross on the figure's axis}."""
     found = []
     for i in range(len(xs) - 1):
         d0, d1 = diff[i], diff[i + 1]
         if (d0 > 0) == (d1 > 0):
             continue
         t = 0.5 if d0 == d1 else d0 / (d0 - d1)
-        at = (None if order[i + 1] == UNLIMITED else
-              math.exp(math.log(xs[i]) + t * (math.log(xs[i + 1]) - math.log(xs[i]))))
-        found.append({"between": [order[i], order[i + 1]], "rate_bits_per_s": at})
+        x = math.exp(math.log(xs[i]) + t * (math.log(xs[i + 1]) - math.log(xs[i])))
+        found.append({"between": [order[i], order[i + 1]], "x": x,
+                      "rate_bits_per_s": None if order[i + 1] == UNLIMITED else x})
     return found
 
 
@@ -142,12 +143,14 @@ def crossovers(rows: list[dict], ref: dict | None, model: str) -> dict[str, Any]
                            "best_gradients": [r and r["strategy"] for r in best["gradients"]],
                            "activations_overtake_gradients_at": [], "one_host_overtaken_at": []}
     if all(best["activations"]) and all(best["gradients"]):
-        diff = [a["images_per_sec"] - g["images_per_sec"] for a, g in zip(best["activations"], best["gradients"])]
+        # log ratios: interpolated linearly in log rate, where the figure's lines cross
+        diff = [math.log(a["images_per_sec"] / g["images_per_sec"])
+                for a, g in zip(best["activations"], best["gradients"])]
         out["activations_overtake_gradients_at"] = _crossing(order, xs, diff)
         out["activations_ahead"] = [d > 0 for d in diff]
     tops = [max((r for r in here if r["bandwidth"] == b), key=lambda r: r["images_per_sec"]) for b in order]
     if ref is not None and tops:
-        diff = [t["images_per_sec"] - ref["images_per_sec"] for t in tops]
+        diff = [math.log(t["images_per_sec"] / ref["images_per_sec"]) for t in tops]
         out["one_host_overtaken_at"] = _crossing(order, xs, diff)
         out["beats_one_host"] = [d > 0 for d in diff]
     return out

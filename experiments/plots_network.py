@@ -8,16 +8,17 @@ two hosts overtake one). Drawn from OUT/network.json alone.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
-from experiments.network_rows import crossing_words
+from experiments.network_rows import crossing_words, crossover_words
 from experiments.plots import legend_below, pyplot, save, strategy_style
 
 
-def _mark(ax, crossing: dict, x_of: dict, text: str, y: float, color: str) -> None:
-    """A vertical line where a crossover lies (the middle of its interval when unlimited bounds it)."""
-    lo, hi = crossing["between"]
-    x = crossing["rate_bits_per_s"] or (x_of[lo] * x_of[hi]) ** 0.5
+def _mark(ax, crossing: dict, text: str, y: float, color: str) -> None:
+    """A vertical line where a crossover lies (where the lines cross on the axis; its rate
+    is named unless unlimited bounds it)."""
+    x = crossing["x"]
     ax.axvline(x, color=color, ls=":", lw=1.2)
     ax.annotate(f"{text}\n{crossing_words(crossing)}", (x, y), xycoords=("data", "axes fraction"),
                 fontsize=7, color=color, ha="center", va="top",
@@ -51,17 +52,18 @@ def network_bandwidth(data: dict, out: Path) -> Path:
             ax.axhline(refs[model]["images_per_sec"], color="k", lw=1.5,
                        label="one host, 1 rank (single)")
         for crossing in c["activations_overtake_gradients_at"]:
-            _mark(ax, crossing, x_of, "activations / gradients", 0.62, "tab:purple")
+            _mark(ax, crossing, "activations / gradients", 0.62, "tab:purple")
         for crossing in c["one_host_overtaken_at"]:
-            _mark(ax, crossing, x_of, "2 hosts / one host", 0.45, "tab:red")
+            _mark(ax, crossing, "2 hosts / one host", 0.45, "tab:red")
         ax.set_xscale("log")
         ax.set_xticks(c["x"], c["bandwidths"])
         ax.minorticks_off()
         ax.set_yscale("log")
         ax.set_xlabel("link bandwidth per host (each way)")
         ax.set_ylabel("images/s")
+        words = textwrap.fill("; ".join(crossover_words(c)), 80)
         ax.set_title(f"{model}, global batch {data['config']['batch_size']}, "
-                     f"{data['config']['hosts']} hosts", fontsize=10)
+                     f"{data['config']['hosts']} hosts\n{words}", fontsize=8)
         ax.grid(True, which="major", alpha=0.3)
     legend = {}
     for ax in axes[0]:
