@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments import plots, plots_cost, plots_studies, sources
+from experiments import plots, plots_cost, plots_network, plots_studies, sources
 from experiments.options import option
 from jaxpar.errors import ResultsError
 
@@ -34,6 +34,7 @@ FIGURES = (
     ("cost", (("cost_predicted.png", plots_cost.predicted_vs_measured),
               ("cost_scaling.png", plots_cost.scaling_extrapolated))),
     ("machines", (("machines.png", plots_studies.machines_speedup),)),
+    ("network", (("network.png", plots_network.network_bandwidth),)),
     ("scaling", (("scaling_devices.png", None), ("scaling_ranks.png", None))),  # one call draws both
 )
 

@@ -77,3 +77,6 @@ class BenchOptions:
                                    "with --pipeline-impl mpmd): also record when each device ran "
                                    "which micro-batch's forward and backward in one step, and the "
                                    "measured idle fraction beside the schedule's bubble")
+    wire: str | None = option(None, "a network interface (e.g. eth0): also record the bytes and "
+                                    "packets it sent and received during the timed steps (its "
+                                    "counters; the network study reads them)")

@@ -24,7 +24,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from experiments.options import BenchOptions
 from jaxpar import results
@@ -95,8 +95,8 @@ def command(point: Point, folder: Path) -> list[str]:
     return cmd if (point.ranks or 1) == 1 else [str(mpiexec()), "-n", str(point.ranks), *cmd]
 
 
-def run(points: list[Point], out: str | Path, timeout: float,
-        keep_going: bool = False) -> list[results.RunResult | PointError]:
+def run(points: list[Point], out: str | Path, timeout: float, keep_going: bool = False,
+        launch: Callable[[Point, Path], list[str]] = command) -> list[results.RunResult | PointError]:
     """Every point's result, in order: reused when OUT already holds it, else run.
 
     Args:
@@ -104,6 +104,8 @@ def run(points: list[Point], out: str | Path, timeout: float,
       timeout: seconds each point's process may run.
       keep_going: a failed point is returned as its PointError and the rest still run
         (False: the first failure raises).
+      launch: the command line of a point's process (default `command`; the network study
+        launches its ranks over emulated hosts).
     Raises:
       ConfigError, before any work, when a point's config cannot run (`jaxpar.validate`) or a
       folder holds a point of other settings.
@@ -122,7 +124,7 @@ def run(points: list[Point], out: str | Path, timeout: float,
         if result is None:
             print(point.describe(), flush=True)
             try:
-                result = _measure(point, out / point.folder, timeout)
+                result = _measure(point, out / point.folder, timeout, launch)
             except PointError as e:
                 if not keep_going:
                     raise
@@ -177,10 +179,11 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return flat
 
 
-def _measure(point: Point, folder: Path, timeout: float) -> results.RunResult:
+def _measure(point: Point, folder: Path, timeout: float,
+             launch: Callable[[Point, Path], list[str]]) -> results.RunResult:
     config = dataclasses.replace(point.config, out=str(folder))
     results.write_atomic(folder / POINT_FILE, dataclasses.replace(point, config=config).to_json())
-    run_point(command(point, folder), timeout)
+    run_point(launch(point, folder), timeout)
     return results.load(folder / results.RESULT_FILE)
 
 

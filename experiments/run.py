@@ -31,8 +31,8 @@ def execute(config: TrainConfig, bench: BenchOptions | None = None, console: Con
     """
     if bench is not None:
         return api.run_bench(config, iters=bench.iters, warmup=bench.warmup,
-                             matmul_peak=bench.matmul_peak, timeline=bench.timeline, console=console,
-                             record=record)
+                             matmul_peak=bench.matmul_peak, timeline=bench.timeline, wire=bench.wire,
+                             console=console, record=record)
     out = config.out if config.out is not None else api.default_out(config)
     return api.run(config, out=out, console=console, record=record).result
 

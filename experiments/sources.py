@@ -42,6 +42,8 @@ SOURCES: dict[str, Source] = {
     # This machine's profile for the cost model (jaxpar.cost); its checks read every study's points.
     "cost": Source("cost/profile.json", "profile", "`python -m experiments profile --out OUT`"),
     "peers": Source("peers/peers.json", "peers", "`python -m experiments peers --out OUT` (needs the `peer` extra)"),
+    "network": Source("network/network.json", "network",
+                      "`python -m experiments network --out OUT` (as root: emulated hosts)"),
     # One folder per machine measured, named after it.
     "machines": Source("machines/*/machine.json", "machine", "`python -m experiments machine --out OUT`"),
 }

@@ -12,7 +12,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from experiments import cost_check, machine_rows, peers_mp, peers_report, plots, sources, speedup
+from experiments import (cost_check, machine_rows, network_rows, peers_mp, peers_report, plots,
+                         sources, speedup)
 from experiments.rank_scaling import ranks_cell
 from jaxpar import cost, results
 from jaxpar.config import TrainConfig, to_dict
@@ -402,6 +403,15 @@ def peers_model_parallel(data_dir: Path) -> str:
     return peers_mp.table(data["metrics"]["model_parallel"])
 
 
+# --- network study --------------------------------------------------------------------------
+def network(data_dir: Path) -> str:
+    """Every strategy across 2 emulated hosts at each link bandwidth, and the crossovers."""
+    m = sources.load(data_dir, "network")["metrics"]
+    notes = [f"*{model}:* " + "; ".join(network_rows.crossover_words(c)) + "."
+             for model, c in m["crossovers"].items()]
+    return network_rows.table(m) + "\n" + "\n".join(notes)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "strategy-list": strategy_list,
     "main-results": main_results,
@@ -420,6 +430,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "cost-points": cost_points,
     "cost-assumptions": cost_assumptions,
     "peers-model-parallel": peers_model_parallel,
+    "network": network,
     # One line per results folder (the two training runs share theirs).
 
 

@@ -166,14 +166,14 @@ def run(config: TrainConfig, *, out: str | None = None, console=None,
 
 
 def run_bench(config: TrainConfig, *, iters: int = 20, warmup: int = 3, matmul_peak: bool = True,
-              timeline: bool = False, out: str | None = None, console=None,
-              record: dict | None = None) -> results.RunResult:
+              timeline: bool = False, wire: str | None = None, out: str | None = None,
+              console=None, record: dict | None = None) -> results.RunResult:
     """Time `config`'s step in this process (as `run` sets it up); prints its report to
     `console` and writes OUT/result.json when `out` (default `config.out`) is set."""
     out = config.out if out is None else out
     with _started(config, out, console) as console:
         result = benchlib.benchmark(config, iters=iters, warmup=warmup, matmul_peak=matmul_peak,
-                                    timeline=timeline)
+                                    timeline=timeline, wire=wire)
         if console is not None:
             console.print(benchlib.report(result))
         _save(result, out, console, record)

@@ -12,6 +12,7 @@ pixel values, and a benchmark should not wait on data preparation.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -28,7 +29,8 @@ from jaxpar.validate import validate
 
 
 def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
-              matmul_peak: bool = True, timeline: bool = False) -> RunResult:
+              matmul_peak: bool = True, timeline: bool = False,
+              wire: str | None = None) -> RunResult:
     """Time `iters` steps of `config`'s strategy (each waited for) after `warmup` steps; with
     --steps-per-dispatch K, `iters` calls of K steps each, a step's time being a call's / K.
 
@@ -38,10 +40,15 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
         `percent_of_peak` None, for studies that compare strategies with one another.
       timeline: also record one stamped step's per-device timeline (`metrics["timeline"]`),
         for strategies whose stages are separate programs (`host_timeline`).
+      wire: a network interface of this host (e.g. `eth0`): also record its counters' change
+        over the timed steps alone (`metrics["wire"]`: bytes and packets sent and received,
+        headers included), read after the warm-up steps and after the last timed step.
     """
     wall_start = time.perf_counter()
     capture_provenance(None)  # the revision this run starts from; no dataset is read
     validate(config)  # every option and combination (the CLI has checked them too)
+    if wire:
+        wire_counters(wire)  # a missing interface fails before any work
     strategy = make_strategy(config)
     if timeline and not hasattr(strategy, "timeline"):
         raise ConfigError(f"--timeline needs stages run as separate programs: --strategy layer-split, "
@@ -70,7 +77,12 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
         # handle (nothing to wait for here), its own stage's update is what it computes.
         return holder["state"], sums
 
-    times = [t / k for t in measure.time_calls(one_call, iters, warmup=warmup)]
+    measure.time_calls(one_call, 0, warmup=warmup)
+    before = wire_counters(wire) if wire else None
+    times = [t / k for t in measure.time_calls(one_call, iters, warmup=0)]
+    measured_wire = {} if before is None else {"wire": {
+        "interface": wire, "steps": iters * k,
+        **{name: n - before[name] for name, n in wire_counters(wire).items()}}}
     median_s = sorted(times)[len(times) // 2]
     peak = measure.matmul_peak(list(mesh.devices.flat))["gflops"] if matmul_peak else None
     measured_timeline = _timeline(strategy, holder["state"], batch) if timeline else {}
@@ -91,10 +103,24 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
         **accounting,
         "iters": iters,
         **measured_timeline,
+        **measured_wire,
         "wall_s": time.perf_counter() - wall_start,
     }
     return RunResult(kind="bench", config=to_dict(config), env=environment(), metrics=metrics,
                      strategy=strategy.describe())
+
+
+WIRE_COUNTERS = ("tx_bytes", "tx_packets", "rx_bytes", "rx_packets")
+
+
+def wire_counters(interface: str) -> dict[str, int]:
+    """The kernel's counters of a network interface (Linux sysfs): what it has sent and
+    received since it was made, headers included."""
+    folder = Path("/sys/class/net") / interface / "statistics"
+    if not folder.is_dir():
+        raise ConfigError(f"--wire {interface}: no such network interface here ({folder} is "
+                          "missing); name one of `ip link`'s, e.g. eth0")
+    return {name: int((folder / name).read_text()) for name in WIRE_COUNTERS}
 
 
 def _timeline(strategy, state, batch) -> dict:

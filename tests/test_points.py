@@ -41,7 +41,8 @@ def test_points_run_from_their_config_and_record_their_settings(study):
     assert bench.kind == "bench" and train.kind == "train"
     assert bench.env["device_count"] == 2 and bench.metrics["iters"] == 2
     assert bench.config["point"] == {"kind": "bench", "ranks": None, "labels": {"mode": "weak"},
-                                     "bench": {"iters": 2, "warmup": 1, "matmul_peak": False, "timeline": False}}
+                                     "bench": {"iters": 2, "warmup": 1, "matmul_peak": False, "timeline": False,
+                                               "wire": None}}
     assert train.config["point"]["bench"] is None and train.metrics["steps"] == 2
     assert results.load(out / "bench/mlp").config["model"]["width"] == 16
     # what the process ran is the point file the study wrote, config and all
