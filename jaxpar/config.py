@@ -81,7 +81,7 @@ class ParallelConfig:
     microbatches: int = _opt(4, "pipeline: micro-batches per global batch (M)", valid=AT_LEAST_1)
     schedule: str = _opt("gpipe", "pipeline schedule: gpipe (fill-drain) | 1f1b")
     remat: bool = _opt(False, "pipeline: recompute stage activations in the backward pass")
-    pipeline_impl: str = _opt("auto", "pipeline, gems: how stages run: spmd (one program, stages as lax.switch branches in a loop) | mpmd (one program per stage, the schedule driven from the host) | auto (mpmd on a CPU, whose control flow runs convolutions on a slow path; spmd elsewhere)")
+    pipeline_impl: str = _opt("auto", "pipeline, gems, hybrid: how stages run: spmd (one program, stages as lax.switch branches in a loop) | mpmd (one program per stage, the schedule driven from the host) | auto (mpmd on a CPU, whose control flow runs convolutions on a slow path; spmd elsewhere)")
     # None: stages balanced by XLA's FLOP count of each layer (jaxpar.parallel.partition).
     stage_boundaries: tuple[int, ...] | None = _opt(None, "layer-split, pipeline, gems: the first layer of each stage after the first, e.g. 2,5 (default: balanced by FLOPs)")
     distributed: str = _opt("auto", "join processes with jax.distributed: auto (when launched by mpiexec/srun) | mpi | slurm | none")

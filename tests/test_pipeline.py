@@ -191,8 +191,17 @@ def test_auto_picks_the_formulation_by_backend(monkeypatch, backend, impl):
     from jaxpar.train import make_strategy
     monkeypatch.setattr(pipeline_common.jax, "default_backend", lambda: backend)
     assert pipeline_common.resolve_impl("auto") == impl
-    for name in ("pipeline", "gems"):
+    for name in ("pipeline", "gems", "hybrid"):
         strategy = make_strategy(eq.config(strategy=name, microbatches=4, **STACK))
         assert strategy.implementation == impl and strategy.name == name
-    # hybrid's tensor split needs the one SPMD program on every backend
-    assert make_strategy(eq.config(strategy="hybrid", **STACK)).implementation == "spmd"
+
+
+def test_hybrid_across_processes_takes_the_spmd_program(monkeypatch):
+    """A hybrid stage's sub-mesh may span processes: auto keeps the one SPMD program there,
+    and an explicit mpmd is refused with the fix."""
+    from jaxpar.parallel import hybrid
+    from jaxpar.train import make_strategy
+    monkeypatch.setattr(hybrid.jax, "process_count", lambda: 2)
+    assert make_strategy(eq.config(strategy="hybrid", microbatches=4, **STACK)).implementation == "spmd"
+    with pytest.raises(ConfigError, match="pipeline-impl spmd"):
+        make_strategy(eq.config(strategy="hybrid", microbatches=4, pipeline_impl="mpmd", **STACK))
