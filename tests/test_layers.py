@@ -158,7 +158,8 @@ def bn_outputs(bn, x):
         def loss(x, params):
             model = nnx.merge(graphdef, params, stats)
             y = model(x, use_running_average=False)
-            return jnp.sum(jnp.sin(y) * jnp.cos(x)), (y, nnx.to_pure_dict(nnx.state(model, nnx.BatchStat)))
+            new_stats = nnx.to_pure_dict(nnx.state(model, nnx.BatchStat))
+            return jnp.sum(jnp.sin(y) * jnp.cos(x)), (y, new_stats)
         (_, (y, new_stats)), grads = jax.value_and_grad(loss, (0, 1), has_aux=True)(x, params)
         evaluated = nnx.merge(graphdef, params, stats)(x, use_running_average=True)
         return y, grads, new_stats, evaluated
@@ -193,4 +194,5 @@ def test_fast_batch_norm_leaves_what_it_does_not_cover_to_flax(kwargs, call):
 def test_conv_impl_picks_the_batch_norm():
     assert type(make_model("resnet", seed=0, conv_impl="cpu").stem_bn) is batchnorm.FastBatchNorm
     assert type(make_model("resnet", seed=0, conv_impl="xla").stem_bn) is nnx.BatchNorm
-    assert type(make_model("cnn", seed=0, batch_norm=True, conv_impl="cpu").bn1) is batchnorm.FastBatchNorm
+    cnn = make_model("cnn", seed=0, batch_norm=True, conv_impl="cpu")
+    assert type(cnn.bn1) is batchnorm.FastBatchNorm

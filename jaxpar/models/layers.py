@@ -65,8 +65,9 @@ under load). What lost or could not be had:
   and height-shifted cotangent copies ([N*(H+2)*W, 3C]^T [N*(H+2)*W, 3C']): the copies (6x
   the activation) cost more than the transposes they replace (profiled op time 2x);
 - keeping the producer out of the transposed copy: `lax.optimization_barrier` is removed by
-  XLA:CPU before fusion, and an identity `lax.cond` around the activation made the profiled step 2.5x
-  slower; turning YNNPACK's reductions off too (`-reduce` in the flag above): 8-10% slower;
+  XLA:CPU before fusion, and an identity `lax.cond` around the activation made the profiled
+  step 2.5x slower; turning YNNPACK's reductions off too (`-reduce` in the flag above):
+  8-10% slower;
 - a stride-2 convolution as space-to-depth (2x2 stride-1 convolution on 4C channels): its
   forward and kernel gradient cost 2x lax's; its input gradient, which avoids lax's
   zero-inserted (lhs-dilated) convolution, wins at 28x28x16 -> 32 (10.5 -> 7.2 ms) and loses
