@@ -196,3 +196,12 @@ def test_conv_impl_picks_the_batch_norm():
     assert type(make_model("resnet", seed=0, conv_impl="xla").stem_bn) is nnx.BatchNorm
     cnn = make_model("cnn", seed=0, batch_norm=True, conv_impl="cpu")
     assert type(cnn.bn1) is batchnorm.FastBatchNorm
+
+
+def test_resnet_fast_forms_inside_shard_map_equal_lax_s():
+    # Batch norm's custom gradient takes replicated scale and bias and returns their gradient
+    # from per-shard (varying) data; under shard_map that must still sum like lax's.
+    runs = [eq.run(eq.config(model="resnet", width=None, depth=None, batch_size=16,
+                             strategy="dp-shard-map", conv_impl=impl), steps=2, devices=4)
+            for impl in ("xla", "cpu")]
+    eq.assert_equivalent(*runs)
