@@ -64,6 +64,9 @@ under load). What lost or could not be had:
 - the kernel gradient of a stride-1 convolution as one matmul of width-shifted input copies
   and height-shifted cotangent copies ([N*(H+2)*W, 3C]^T [N*(H+2)*W, 3C']): the copies (6x
   the activation) cost more than the transposes they replace (profiled op time 2x);
+- the kernel gradient on the batch laid side by side along the width ([1, H+2, N*(W+2), C],
+  so the copy lax makes moves the channels of one row, not the batch): correct, and 1.1-1.4x
+  lax's at the three stride-1 shapes of ResNet-8 (a ReLU producer fused, as in the step);
 - keeping the producer out of the transposed copy: `lax.optimization_barrier` is removed by
   XLA:CPU before fusion, and an identity `lax.cond` around the activation made the profiled
   step 2.5x slower; turning YNNPACK's reductions off too (`-reduce` in the flag above):
