@@ -12,7 +12,9 @@ either. What changes, in training mode (batch statistics):
   dx = k * (g - sum(g) / m - xhat * dscale / m). XLA's autodiff of Flax's form stores x - mean
   as a whole tensor and reduces three times.
 Isolated (batch 128, with a ReLU after it, forward and backward, CPU time interleaved in one
-process, machine under load): 28x28x16 5.5 -> 3.6 ms, 14x14x32 2.2 -> 1.1, 7x7x64 0.9 -> 0.55.
+process, machine under load): 28x28x16 5.5 -> 3.6 ms, 14x14x32 2.2 -> 1.1, 7x7x64 0.9 -> 0.55;
+the whole Adam step at batch 128, against the same step with Flax's batch norm: ResNet-8
+239 -> 218 ms, the CNN with batch_norm=True 94 -> 86 ms.
 Inference (running statistics) is the same single multiply-add pass in both forms. Calls Flax
 does not cover here (a named axis to average over, a mask, another dtype, exact variance)
 go to Flax's own code.
