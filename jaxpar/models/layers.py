@@ -60,7 +60,8 @@ alone for a 28x28x16 activation but 5-15 ms in the step, because XLA fuses the b
 ReLU and residual add that produce the activation into the copy and recomputes them reading
 every input with a stride of H*W*C; the rest is batch norm and elementwise passes. What won:
 batch norm's closed-form backward (batchnorm.py: the step's CPU time 8-9% below the same
-step with Flax's batch norm, 239 -> 218 ms under load; lax's forms: 243). What lost or could not be had:
+step with Flax's batch norm, 239 -> 218 ms under load; lax's forms: 243). What lost or
+could not be had:
 - the kernel gradient of a stride-1 convolution as one matmul of width-shifted input copies
   and height-shifted cotangent copies ([N*(H+2)*W, 3C]^T [N*(H+2)*W, 3C']): the copies (6x
   the activation) cost more than the transposes they replace (profiled op time 2x);
