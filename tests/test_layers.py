@@ -15,7 +15,7 @@ from jax import lax
 import equivalence as eq
 from jaxpar import step as steplib
 from jaxpar.config import ConfigError
-from jaxpar.models import MODELS, layers, make_model
+from jaxpar.models import MODELS, batchnorm, layers, make_model
 
 DN = ("NHWC", "HWIO", "NHWC")
 PADDINGS = ["SAME", "VALID", ((1, 0), (2, 1))]
@@ -134,3 +134,74 @@ def test_cnn_data_parallel_equals_single():
     ref = eq.run(eq.config(**cfg), steps=2)
     got = eq.run(eq.config(strategy="dp-shard-map", **cfg), steps=2, devices=4)
     eq.assert_equivalent(ref, got)
+
+
+def batch_norm_pair(features=6, momentum=0.9, **kwargs):
+    """Flax's BatchNorm and the fast one with the same (non-trivial) variables."""
+    flax_bn = nnx.BatchNorm(features, momentum=momentum, rngs=nnx.Rngs(0), **kwargs)
+    fast_bn = batchnorm.FastBatchNorm(features, momentum=momentum, rngs=nnx.Rngs(0), **kwargs)
+    for bn in (flax_bn, fast_bn):
+        bn.scale[...] = normal(features, seed=5)
+        if bn.bias is not None:
+            bn.bias[...] = normal(features, seed=6)
+        bn.mean[...], bn.var[...] = normal(features, seed=7), 1 + normal(features, seed=8) ** 2
+    return flax_bn, fast_bn
+
+
+def bn_outputs(bn, x):
+    """Train-mode output, its gradients w.r.t. (x, scale, bias), the updated running
+    statistics, and the eval-mode output, of a generic scalar of the output."""
+    graphdef, params, stats = steplib.split_model(bn)
+
+    @jax.jit
+    def run(params, stats, x):
+        def loss(x, params):
+            model = nnx.merge(graphdef, params, stats)
+            y = model(x, use_running_average=False)
+            new_stats = nnx.to_pure_dict(nnx.state(model, nnx.BatchStat))
+            return jnp.sum(jnp.sin(y) * jnp.cos(x)), (y, new_stats)
+        (_, (y, new_stats)), grads = jax.value_and_grad(loss, (0, 1), has_aux=True)(x, params)
+        evaluated = nnx.merge(graphdef, params, stats)(x, use_running_average=True)
+        return y, grads, new_stats, evaluated
+
+    return run(params, stats, x)
+
+
+@pytest.mark.parametrize("shape", [(4, 5, 3, 6), (7, 6)], ids=["nhwc", "dense"])
+def test_fast_batch_norm_equals_flax(shape):
+    # Off-centre inputs: the one-pass statistics' cancellation shows if it matters.
+    x = 3.0 + 2.0 * normal(*shape, seed=9)
+    flax_bn, fast_bn = batch_norm_pair(shape[-1])
+    ref, got = bn_outputs(flax_bn, x), bn_outputs(fast_bn, x)
+    for what, a, b in zip(("train outputs", "gradients (x, params)", "running statistics",
+                           "eval outputs"), ref, got):
+        eq.assert_tree_close(a, b, what=what)
+    # The same variables, so a checkpoint of one loads into the other.
+    assert jax.tree.structure(nnx.state(flax_bn)) == jax.tree.structure(nnx.state(fast_bn))
+
+
+@pytest.mark.parametrize("kwargs,call", [
+    ({}, dict(mask=jnp.broadcast_to(jnp.arange(4)[:, None, None] < 3, (4, 3, 6)))),
+    (dict(use_bias=False), {}),
+], ids=["mask", "no-bias"])
+def test_fast_batch_norm_leaves_what_it_does_not_cover_to_flax(kwargs, call):
+    x = normal(4, 3, 6, seed=10)
+    flax_bn, fast_bn = batch_norm_pair(6, **kwargs)
+    np.testing.assert_array_equal(fast_bn(x, use_running_average=False, **call),
+                                  flax_bn(x, use_running_average=False, **call))
+
+
+def test_conv_impl_picks_the_batch_norm():
+    assert type(make_model("resnet", seed=0, conv_impl="cpu").stem_bn) is batchnorm.FastBatchNorm
+    assert type(make_model("resnet", seed=0, conv_impl="xla").stem_bn) is nnx.BatchNorm
+    cnn = make_model("cnn", seed=0, batch_norm=True, conv_impl="cpu")
+    assert type(cnn.bn1) is batchnorm.FastBatchNorm
+
+
+def test_resnet_fast_forms_inside_shard_map_equal_lax_s():
+    # Batch norm's custom gradient takes replicated scale and bias and returns their gradient
+    # from per-shard (varying) data; under shard_map that must still sum like lax's.
+    runs = [eq.run(eq.config(model="resnet", width=None, depth=None, batch_size=16,
+                             strategy="dp-shard-map", conv_impl=impl), steps=2, devices=4)
+            for impl in ("xla", "cpu")]
+    eq.assert_equivalent(*runs)

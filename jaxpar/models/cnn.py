@@ -3,7 +3,8 @@
 conv3x3(32) -> ReLU -> maxpool2 -> conv3x3(64) -> ReLU -> maxpool2 -> Linear(128) -> ReLU
 -> Linear(10), SAME padding so 28 -> 14 -> 7. With `batch_norm=True` a BatchNorm follows
 each conv (before the ReLU), and the convs drop their bias since BN's shift replaces it.
-`conv_impl` picks how convolutions and pooling are computed (layers.py), not what.
+`conv_impl` picks how convolutions, pooling and batch norm are computed (layers.py,
+batchnorm.py), not what.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import jax
 from flax import nnx
 
 from jaxpar.models import layers, sequence
+from jaxpar.models.batchnorm import BATCH_NORM
 from jaxpar.models.sequence import Layer
 
 # Flax's default BN momentum (0.99) lets running statistics lag far behind the weights in
@@ -34,8 +36,8 @@ class CNN(nnx.Module):
         self.conv2 = conv(32, 64, (3, 3))
         self.pool = layers.POOL[impl]
         if batch_norm:
-            self.bn1 = nnx.BatchNorm(32, momentum=BN_MOMENTUM, rngs=rngs)
-            self.bn2 = nnx.BatchNorm(64, momentum=BN_MOMENTUM, rngs=rngs)
+            self.bn1 = BATCH_NORM[impl](32, momentum=BN_MOMENTUM, rngs=rngs)
+            self.bn2 = BATCH_NORM[impl](64, momentum=BN_MOMENTUM, rngs=rngs)
         self.fc1 = nnx.Linear(7 * 7 * 64, 128, rngs=rngs)
         self.fc2 = nnx.Linear(128, num_classes, rngs=rngs)
 

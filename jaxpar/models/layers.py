@@ -1,5 +1,7 @@
 """Convolution and max-pooling chosen per backend: lax's (cuDNN on GPU) or forms XLA:CPU runs fast.
 
+Batch norm's per-backend forms, chosen by the same `conv_impl`, are in batchnorm.py.
+
     python -m experiments bench --model cnn --conv-impl cpu   # against --conv-impl xla
 
 `conv_impl` (a model option, `--conv-impl`): "xla" = `lax.conv_general_dilated` and
@@ -50,8 +52,31 @@ Tried later and lost too (default CNN, interleaved in one process):
   took 36 ms at batch 64 on one core against 15);
 - the XLA flags for XNNPACK, oneDNN, YNNPACK convolution fusion, 512-bit vectors and the
   concurrency-optimised scheduler (within noise, or slower).
-ResNet-8 gains nothing (its time is lax's kernel-gradient convolutions and the transposes of
-their inputs, and batch norm); batch norm costs the CNN ~27 ms of the 61 ms step.
+ResNet-8 (batch 128, Adam; jax.profiler's per-op trace of the step, and pieces timed alone;
+the machine was shared and loaded, so milliseconds are comparable within one run only):
+its 3x3 convolutions themselves are ~20% of the step; ~25-40% goes to the transposed copies
+that lax's kernel gradients make of their input ([N,H,W,C] -> [C,H,W,N], batch minor), 2.3 ms
+alone for a 28x28x16 activation but 5-15 ms in the step, because XLA fuses the batch norm,
+ReLU and residual add that produce the activation into the copy and recomputes them reading
+every input with a stride of H*W*C; the rest is batch norm and elementwise passes. What won:
+batch norm's closed-form backward (batchnorm.py: the step's CPU time 8-9% below the same
+step with Flax's batch norm, 239 -> 218 ms under load; lax's forms: 243). What lost or
+could not be had:
+- the kernel gradient of a stride-1 convolution as one matmul of width-shifted input copies
+  and height-shifted cotangent copies ([N*(H+2)*W, 3C]^T [N*(H+2)*W, 3C']): the copies (6x
+  the activation) cost more than the transposes they replace (profiled op time 2x);
+- the kernel gradient on the batch laid side by side along the width ([1, H+2, N*(W+2), C],
+  so the copy lax makes moves the channels of one row, not the batch): correct, and 1.1-1.4x
+  lax's at the three stride-1 shapes of ResNet-8 (a ReLU producer fused, as in the step);
+- keeping the producer out of the transposed copy: `lax.optimization_barrier` is removed by
+  XLA:CPU before fusion, and an identity `lax.cond` around the activation made the profiled
+  step 2.5x slower; turning YNNPACK's reductions off too (`-reduce` in the flag above):
+  8-10% slower;
+- a stride-2 convolution as space-to-depth (2x2 stride-1 convolution on 4C channels): its
+  forward and kernel gradient cost 2x lax's; its input gradient, which avoids lax's
+  zero-inserted (lhs-dilated) convolution, wins at 28x28x16 -> 32 (10.5 -> 7.2 ms) and loses
+  at 14x14x32 -> 64 (4.2 -> 6.7 ms): ~2% of the step, not taken.
+Batch norm cost the CNN ~27 ms of its 61 ms step before batchnorm.py.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Stem conv3x3(16)+BN+ReLU, three stages of `depth` (= n) basic blocks with 16, 32, 64
 channels (28 -> 14 -> 7; stride 2 at the start of stages 2 and 3, where the shortcut is a
 1x1 strided projection conv + BN, option B of the paper), global average pool, Linear.
-depth=1 is ResNet-8, depth=3 ResNet-20. `conv_impl` picks how convolutions are computed
-(layers.py), not what.
+depth=1 is ResNet-8, depth=3 ResNet-20. `conv_impl` picks how convolutions and batch norm
+are computed (layers.py, batchnorm.py), not what.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import jax
 from flax import nnx
 
 from jaxpar.models import layers, sequence
+from jaxpar.models.batchnorm import BATCH_NORM
 from jaxpar.models.cnn import BN_MOMENTUM
 from jaxpar.models.sequence import Layer
 
@@ -21,7 +22,7 @@ def _conv_bn(cin: int, cout: int, kernel: int, stride: int, impl: str, rngs: nnx
     # Convs feeding BN carry no bias: BN's shift makes it redundant.
     conv = nnx.Conv(cin, cout, (kernel, kernel), strides=(stride, stride), padding="SAME",
                     use_bias=False, conv_general_dilated=layers.CONV[impl], rngs=rngs)
-    return conv, nnx.BatchNorm(cout, momentum=BN_MOMENTUM, rngs=rngs)
+    return conv, BATCH_NORM[impl](cout, momentum=BN_MOMENTUM, rngs=rngs)
 
 
 class BasicBlock(nnx.Module):
