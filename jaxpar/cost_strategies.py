@@ -125,14 +125,11 @@ def _tensor_ops(model: tuple, batch_local: int, degree: int) -> tuple[Collective
                                                 degree=degree, vit=False)
         return (Collective("all-reduce", nbytes / (2 * depth), degree, 2 * depth),)
     net = abstract_model(ModelConfig(name, depth=depth, width=width))
+    ops = channels.collective_bytes(net, batch_local, IMAGE_SHAPE, degree)
     if name == "cnn":  # conv2's output reduce-scattered over the batch, its gradient gathered
-        whole = batch_local * 14 * 14 * net.conv2.out_features * channels.F32
-        tail = channels.tail_param_bytes(net) + channels.METRIC_SUMS * channels.F32
-        return (Collective("reduce-scatter", whole, degree), Collective("all-gather", whole / degree, degree),
-                Collective("all-reduce", tail, degree))
-    count = 2 * len(net.blocks)
-    nbytes = channels.collective_bytes(net, batch_local, IMAGE_SHAPE, degree)
-    return (Collective("all-reduce", nbytes / count, degree, count),)
+        return tuple(Collective(op, nbytes, degree) for op, nbytes in ops.items())
+    count = 2 * len(net.blocks)  # a block's output forward, its input gradient backward
+    return (Collective("all-reduce", ops["all-reduce"] / count, degree, count),)
 
 
 def _tensor_parts(p: Problem, batch: float, layers) -> tuple[float, float]:

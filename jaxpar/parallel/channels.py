@@ -142,22 +142,23 @@ def tail_param_bytes(model: CNN) -> int:
     return (total + (model.conv2.bias.size if model.conv2.bias is not None else 0)) * F32
 
 
-def collective_bytes(model, batch_local: int, image_shape: tuple[int, ...], degree: int) -> int:
-    """All-reduce operand bytes per training step of the channel split (one device): each
-    pair's summed output forward, and its input gradient backward where one is needed."""
+def collective_bytes(model, batch_local: int, image_shape: tuple[int, ...], degree: int) -> dict[str, int]:
+    """Operand bytes per training step of the channel split (one device), by collective: a
+    ResNet block all-reduces its summed output forward and its input gradient backward; the
+    CNN reduce-scatters conv2's output (the whole of it is the operand), all-gathers its
+    gradient (this device's rows) and all-reduces the head's gradients and the metric sums."""
     # The model goes in as an argument, shapes only: its arrays may be donated by now, and a
     # layer closing over them would read them (the cpu convs index their kernels).
     graphdef, state = nnx.split(model)
     state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state)
-    total, h = 0, jax.ShapeDtypeStruct((batch_local, *image_shape), jnp.float32)
+    ops, h = {"all-reduce": 0}, jax.ShapeDtypeStruct((batch_local, *image_shape), jnp.float32)
     for i, layer in enumerate(model.layers()):
         out = jax.eval_shape(lambda s, x, i=i: nnx.merge(graphdef, s).layers()[i](x, False), state, h)
         if isinstance(model, CNN) and i == 1:  # conv2's output, before pooling
             whole = batch_local * h.shape[1] * h.shape[2] * model.conv2.out_features * F32
-            # reduce-scatter forward (operand: the whole output), all-gather of its gradient
-            # backward (operand: this device's rows), the tail's gradients, the metric sums
-            total += whole + whole // degree + tail_param_bytes(model) + METRIC_SUMS * F32
+            ops = {"reduce-scatter": whole, "all-gather": whole // degree,
+                   "all-reduce": tail_param_bytes(model) + METRIC_SUMS * F32}
         elif not isinstance(model, CNN) and layer.name.startswith("block"):
-            total += (out.size + h.size) * F32
+            ops["all-reduce"] += (out.size + h.size) * F32
         h = out
-    return total
+    return ops

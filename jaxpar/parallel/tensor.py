@@ -122,11 +122,12 @@ class _TensorBase(Strategy):
         batch_local = self.config.data.batch_size // self.data
         if isinstance(self.model, (CNN, ResNet)):  # channel-split conv pairs
             shape = datalib.spec(self.config.data).image_shape
-            split = channels.collective_bytes(self.model, batch_local, shape, self.degree) if self.degree > 1 else 0
-            # over DATA: the gradient and the 3 metric sums; the CNN's scattered rows also sum
-            # the weight total (its loss denominator) on its own
-            sums = 3 + (1 if channels.scatters_rows(self.model) and self.degree > 1 else 0)
-            return {"total": split + (self.param_bytes + sums * theory.F32 if self.data > 1 else 0)}
+            ops = channels.collective_bytes(self.model, batch_local, shape, self.degree) if self.degree > 1 else {}
+            if self.data > 1:  # over DATA: the gradient and the 3 metric sums; the CNN's
+                # scattered rows also sum the weight total (its loss denominator) on its own
+                sums = 3 + (1 if channels.scatters_rows(self.model) and self.degree > 1 else 0)
+                ops["all-reduce"] = ops.get("all-reduce", 0) + self.param_bytes + sums * theory.F32
+            return {**ops, "total": sum(ops.values())}
         total = theory.tensor_collective_bytes(
             batch_local=batch_local, width=self.model.blocks[0].up.in_features,
             depth=len(self.model.blocks), degree=self.degree, vit=isinstance(self.model, ViT),
