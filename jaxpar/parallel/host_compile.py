@@ -8,8 +8,6 @@ the next one's arguments, so nothing runs.
 
 from __future__ import annotations
 
-import jax
-
 from jaxpar import measure
 
 
