@@ -6,18 +6,23 @@ devices add no cores), plus what its schedule idles and what it moves; the limit
 the ones the project holds its model-parallel strategies to (issue #23): on 2 devices
 `pipeline` (GPipe and 1F1B, M=8) within 1.3x `single`'s step, `gems` and `tensor` within
 1.5x; on 4 devices each within 2x. One `bench` process per point, one after another,
-`single` first at each device count, so every ratio compares points of the same hour.
+`single` first at each device count, so every ratio compares points of the same hour; all of
+that --rounds times over (round-robin), each point's step the median of its rounds: on this
+VM two fresh processes of one configuration differ by up to ~30% (the same GEMS point: 36.8
+and 54.4 ms in two runs), far more than the steps within one process do.
 
     python -m experiments bounds --out figures/data/bounds          # the CNN, 2 and 4 devices
     python -m experiments bounds --quick --out /tmp/bounds          # tiny stack-mlp, 2 devices
 
-Writes OUT/points/<devices>/<label>/result.json and OUT/bounds.json (rows: devices, strategy,
-schedule, ms/step, ratio to single, limit, met, bubble, implementation).
+Writes OUT/points/<devices>/<label>/r<k>/result.json and OUT/bounds.json (rows: devices,
+strategy, schedule, ms/step (median over rounds) and each round's, ratio to single, limit,
+met, bubble, implementation).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,14 +54,16 @@ class BoundsConfig:
     microbatches: int = options.train_option("microbatches", 8)
     iters: int = options.iters()
     warmup: int = options.warmup()
+    rounds: int = option(3, "round-robin passes over every point, each in a fresh process; a point's step is the median over them")
     timeout: int = options.timeout()
 
 
 QUICK = dataclasses.replace(BoundsConfig(), model="stack-mlp", width=32, depth=2, device_counts=(2,),
-                            batch_size=32, microbatches=4, iters=3, warmup=1, timeout=120)
+                            batch_size=32, microbatches=4, iters=3, warmup=1, rounds=1, timeout=120)
 
 
-def point(config: BoundsConfig, devices: int, label: str, strategy: str, schedule: str | None) -> Point:
+def point(config: BoundsConfig, devices: int, label: str, strategy: str, schedule: str | None,
+          round_: int = 0) -> Point:
     sizes = {k: getattr(config, k) for k in ("width", "depth")
              if k in takes(config.model) and getattr(config, k) is not None}
     staged = strategy in ("pipeline", "gems")
@@ -66,12 +73,12 @@ def point(config: BoundsConfig, devices: int, label: str, strategy: str, schedul
                          **({"microbatches": config.microbatches} if staged else {}),
                          **({"schedule": schedule} if schedule else {}))
     bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False)
-    return Point(f"points/{devices}/{label.replace(' ', '-')}", train, bench)
+    return Point(f"points/{devices}/{label.replace(' ', '-')}/r{round_}", train, bench)
 
 
 def plan(config: BoundsConfig) -> list[tuple[int, str, Point, float | None]]:
     """(devices, label, point, limit) with `single` first at each device count."""
-    at_least(config, 1, "batch_size", "iters", "microbatches")
+    at_least(config, 1, "batch_size", "iters", "microbatches", "rounds")
     at_least(config, 2, "device_counts")
     out = []
     for n in config.device_counts:
@@ -85,15 +92,20 @@ def plan(config: BoundsConfig) -> list[tuple[int, str, Point, float | None]]:
 
 def run(config: BoundsConfig) -> list[Path]:
     planned = plan(config)
-    outcomes = points.run([p for _, _, p, _ in planned], config.out, config.timeout)
+    by_round = [[dataclasses.replace(p, folder=p.folder.replace("/r0", f"/r{k}")) for _, _, p, _ in planned]
+                for k in range(config.rounds)]
+    outcomes = points.run([p for one in by_round for p in one], config.out, config.timeout)
+    per_point = [outcomes[i::len(planned)] for i in range(len(planned))]  # each point's rounds
     rows, single = [], {}
-    for (n, label, p, limit), result in zip(planned, outcomes):
+    for (n, label, p, limit), measured in zip(planned, per_point):
+        result, steps = measured[0], [r.metrics["step_time_ms_median"] for r in measured]
         m, desc = result.metrics, result.strategy
-        ms = m["step_time_ms_median"]
+        ms = statistics.median(steps)
         single.setdefault(n, ms)
         ratio = ms / single[n]
         rows.append({"devices": n, "label": label, "strategy": p.config.parallel.strategy,
-                     "ms_per_step": ms, "ms_per_step_min": m["step_time_ms_min"], "ratio": ratio,
+                     "ms_per_step": ms, "ms_per_step_rounds": steps,
+                     "ms_per_step_min": min(r.metrics["step_time_ms_min"] for r in measured), "ratio": ratio,
                      "limit": limit, "met": None if limit is None else ratio <= limit,
                      "bubble_fraction": desc.get("bubble_fraction"),
                      "implementation": desc.get("implementation"), "point": p.folder})
