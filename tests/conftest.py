@@ -7,7 +7,18 @@ devices than present skip with a reason that says how to get them.
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+# One XLA compilation cache for the whole test session, its subprocesses included (they
+# inherit the environment): the suite compiles the same small programs many times over (each
+# strategy's reference `single`, the quick studies' points), and compiling is most of its
+# time on 2 cores. Fresh per session, so no stale executable outlives a change; every
+# program is cached, however quick to compile.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxpar-xla-cache-")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jaxpar  # noqa: F401  (sets XLA_FLAGS before JAX's backend starts, as the CLI does)
 import jax
@@ -42,3 +53,14 @@ def run_cli(*args: str, timeout: float = 300, env: dict | None = None) -> subpro
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under `pytest -n N --dist loadgroup` (make test) a test file runs on one worker, so its
+    module-scoped fixtures (references, quick studies) are computed once; files that share
+    machine-wide state name one group (`xdist_group("machine-wide")`). Before xdist reads
+    the groups (tryfirst)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))

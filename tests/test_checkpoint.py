@@ -79,7 +79,9 @@ def stop_after_first_checkpoint(proc: subprocess.Popen, directory: Path, sig: in
     return err
 
 
-@pytest.mark.parametrize("strategy", present("single", "dp-shard-map", "fsdp", "pipeline"))
+# fsdp's sharded state and a pipeline's stages: the layouts a resume can get wrong (single's and
+# a replicated data-parallel state resume through the same code, tested beside).
+@pytest.mark.parametrize("strategy", present("fsdp", "pipeline"))
 def test_sigkill_mid_epoch_then_resume_is_bitwise_the_uninterrupted_run(tmp_path, strategy):
     extra = [] if strategy == "single" else ["--devices", "2"]
     if strategy == "pipeline":

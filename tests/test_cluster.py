@@ -25,6 +25,9 @@ from jaxpar.train import build_model
 from jaxpar.errors import ConfigError, UserError
 from test_mpi_launch import MPIEXEC, ROOT, _rank_pid, mpi_env
 
+# One emulated cluster / SLURM at a time: under pytest-xdist these files share a worker.
+pytestmark = pytest.mark.xdist_group("machine-wide")
+
 
 def _namespaces_work() -> str | None:
     """Why emulated hosts cannot be made here, or None."""

@@ -17,6 +17,9 @@ from jaxpar import results
 from jaxpar.errors import ConfigError
 from test_cluster import needs_mpi, needs_root
 
+# One emulated cluster / SLURM at a time: under pytest-xdist these files share a worker.
+pytestmark = pytest.mark.xdist_group("machine-wide")
+
 
 def test_plan_takes_each_strategy_on_the_models_it_places_and_records_the_link():
     refs, across = network.plan(network.NetworkConfig())

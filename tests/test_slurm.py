@@ -22,6 +22,9 @@ from jaxpar.config import TrainConfig, with_options
 from jaxpar.train import fit
 from test_mpi_launch import ROOT, mpi_env
 
+# One emulated cluster / SLURM at a time: under pytest-xdist these files share a worker.
+pytestmark = pytest.mark.xdist_group("machine-wide")
+
 needs_slurm = pytest.mark.skipif(slurm.missing() is not None, reason=str(slurm.missing()))
 
 RUN = dict(dataset="synthetic", synthetic_size=2000, val_size=0, model="mlp", width=32, depth=1,
