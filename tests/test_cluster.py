@@ -3,9 +3,8 @@ rate-limited links, multi-process strategies across them equal `single`, a kille
 another host ends the job, and nothing is left behind however a run ends.
 
 Needs root and network namespaces (skipped with the reason otherwise). The cross-host
-launch runs a subset of tests/mpi (every MPI strategy, two jax.distributed ones, the bytes on
-the wire) to keep CI short; JAXPAR_CLUSTER_TESTS=all runs all of tests/mpi across the hosts
-(minutes).
+launch runs every multi-process strategy's equivalence test of tests/mpi and the bytes on the
+wire; JAXPAR_CLUSTER_TESTS=all runs all of tests/mpi across the hosts (minutes).
 
     python -m pytest -q tests/test_cluster.py
 """
@@ -138,8 +137,11 @@ def test_a_link_carries_its_rate(hosts):
 CROSS_HOST = ["tests/mpi/test_jax_distributed.py::test_world_size_is_what_was_launched",
               "tests/mpi/test_jax_distributed.py::test_ranks_are_on_the_hosts_launched",
               "tests/mpi/test_mpi_common.py::test_equivalent_to_single",  # every MPI strategy
-              "tests/mpi/test_jax_distributed.py::test_equivalent_to_single[dp-auto]",
-              "tests/mpi/test_jax_distributed.py::test_equivalent_to_single[fsdp]",
+              # the data-parallel ones on one jax.distributed mesh (dp-auto, dp-shard-map,
+              # fsdp, local-sgd), then tensor, tensor-auto, both pipeline schedules, hybrid,
+              # layer-split, dp-pmap and mpi-pipeline's two schedules
+              "tests/mpi/test_jax_distributed.py::test_equivalent_to_single",
+              "tests/mpi/test_model_parallel.py::test_equivalent_to_single",
               "tests/mpi/test_wire_bytes.py"]  # bytes on the wire per step = theory
 
 
