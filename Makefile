@@ -83,7 +83,7 @@ cluster-tools:
 
 MPI_RANKS ?= 2
 test: install $(VENV)/.mpi-installed $(VENV)/.demo-installed browser cluster-tools
-	$(PY) -m pytest -q -n 2 --dist loadgroup $(ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile $(ARGS)
 	JAX_PLATFORMS=cpu JAXPAR_EXPECT_RANKS=$(MPI_RANKS) timeout 600 \
 	  $(VENV)/bin/mpiexec -n $(MPI_RANKS) $(PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi
 

@@ -55,12 +55,23 @@ def cli():
     return run_cli
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under `pytest -n N --dist loadgroup` (make test) a test file runs on one worker, so its
-    module-scoped fixtures (references, quick studies) are computed once; files that share
-    machine-wide state name one group (`xdist_group("machine-wide")`). Before xdist reads
-    the groups (tryfirst)."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+@pytest.fixture(scope="module")
+def machine_wide():
+    """Held for the whole module by the files that use machine-wide state (one emulated
+    cluster, one SLURM cluster): under `pytest -n 2 --dist loadfile` (make test) their files
+    may land on different workers, and they take turns. Bounded: a file that waits past
+    15 minutes fails, naming the lock."""
+    import fcntl
+    import time
+
+    with open(Path(tempfile.gettempdir()) / "jaxpar-tests-machine-wide.lock", "w") as lock:
+        deadline = time.monotonic() + 900
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"{lock.name} held by another test process for 15 minutes")
+                time.sleep(1)
+        yield

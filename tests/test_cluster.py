@@ -24,8 +24,11 @@ from jaxpar.train import build_model
 from jaxpar.errors import ConfigError, UserError
 from test_mpi_launch import MPIEXEC, ROOT, _rank_pid, mpi_env
 
-# One emulated cluster / SLURM at a time: under pytest-xdist these files share a worker.
-pytestmark = pytest.mark.xdist_group("machine-wide")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_machine_wide_file_at_a_time(machine_wide):
+    """One emulated cluster / SLURM at a time (`conftest.machine_wide`)."""
 
 
 def _namespaces_work() -> str | None:

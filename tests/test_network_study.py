@@ -17,8 +17,11 @@ from jaxpar import results
 from jaxpar.errors import ConfigError
 from test_cluster import needs_mpi, needs_root
 
-# One emulated cluster / SLURM at a time: under pytest-xdist these files share a worker.
-pytestmark = pytest.mark.xdist_group("machine-wide")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_machine_wide_file_at_a_time(machine_wide):
+    """One emulated cluster / SLURM at a time (`conftest.machine_wide`)."""
 
 
 def test_plan_takes_each_strategy_on_the_models_it_places_and_records_the_link():

@@ -22,8 +22,13 @@ from jaxpar.config import TrainConfig, with_options
 from jaxpar.train import fit
 from test_mpi_launch import ROOT, mpi_env
 
-# One emulated cluster / SLURM at a time: under pytest-xdist these files share a worker.
-pytestmark = pytest.mark.xdist_group("machine-wide")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_machine_wide_file_at_a_time(machine_wide):
+    """One emulated cluster / SLURM at a time (`conftest.machine_wide`)."""
+
+
 
 needs_slurm = pytest.mark.skipif(slurm.missing() is not None, reason=str(slurm.missing()))
 
