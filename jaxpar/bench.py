@@ -66,27 +66,12 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
     programs = strategy.compile("step", state, batch)  # also for K > 1: FLOPs of one step
     chained = strategy.compile("steps", state, (batch,) * k) if k > 1 else None
 
-    holder = {"state": state}
-
-    def one_call():
-        if chained is None:
-            holder["state"], sums = strategy.step(holder["state"], batch)
-        else:  # --steps-per-dispatch K: K steps per call, each timed as the call's K-th part
-            holder["state"], sums = strategy.steps(holder["state"], (batch,) * k)
-        # Waited for with the state: a stage on another process leaves this one's sums a
-        # handle (nothing to wait for here), its own stage's update is what it computes.
-        return holder["state"], sums
-
-    measure.time_calls(one_call, 0, warmup=warmup)
-    before = wire_counters(wire) if wire else None
-    times = [t / k for t in measure.time_calls(one_call, iters, warmup=0)]
-    measured_wire = {} if before is None else {"wire": {
-        "interface": wire, "steps": iters * k,
-        **{name: n - before[name] for name, n in wire_counters(wire).items()}}}
+    state, times, measured_wire = _time_steps(strategy, state, batch, chained is not None, k,
+                                              warmup, iters, wire)
     median_s = sorted(times)[len(times) // 2]
     peak = measure.matmul_peak(list(mesh.devices.flat))["gflops"] if matmul_peak else None
-    measured_timeline = _timeline(strategy, holder["state"], batch) if timeline else {}
-    accounting = strategy.accounting(programs, holder["state"])
+    measured_timeline = _timeline(strategy, state, batch) if timeline else {}
+    accounting = strategy.accounting(programs, state)
     achieved = programs.flops / median_s / 1e9
     metrics = {
         "step_time_ms_median": 1000 * median_s,
@@ -111,6 +96,30 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
 
 
 WIRE_COUNTERS = ("tx_bytes", "tx_packets", "rx_bytes", "rx_packets")
+
+
+def _time_steps(strategy, state, batch, chained: bool, k: int, warmup: int, iters: int,
+                wire: str | None):
+    """Warm up, then time `iters` calls (each waited for): (the state after, each step's
+    seconds, {"wire": the interface's counter changes over the timed calls} or {})."""
+    holder = {"state": state}
+
+    def one_call():
+        if not chained:
+            holder["state"], sums = strategy.step(holder["state"], batch)
+        else:  # --steps-per-dispatch K: K steps per call, each timed as the call's K-th part
+            holder["state"], sums = strategy.steps(holder["state"], (batch,) * k)
+        # Waited for with the state: a stage on another process leaves this one's sums a
+        # handle (nothing to wait for here), its own stage's update is what it computes.
+        return holder["state"], sums
+
+    measure.time_calls(one_call, 0, warmup=warmup)
+    before = wire_counters(wire) if wire else None
+    times = [t / k for t in measure.time_calls(one_call, iters, warmup=0)]
+    measured_wire = {} if before is None else {"wire": {
+        "interface": wire, "steps": iters * k,
+        **{name: n - before[name] for name, n in wire_counters(wire).items()}}}
+    return holder["state"], times, measured_wire
 
 
 def wire_counters(interface: str) -> dict[str, int]:
