@@ -100,10 +100,11 @@ def mpi_param_server(p: Problem) -> Work:
 # --- model parallel --------------------------------------------------------------------
 
 def split_layers(p: Problem) -> list[int]:
-    """The layers tensor parallelism splits: stack-mlp and ResNet blocks, the CNN's conv pair."""
+    """The layers whose parameters tensor parallelism splits: stack-mlp and ResNet blocks, the
+    CNN's conv2, fc1 and fc2 (its conv1 runs replicated on B/T rows)."""
     names = [layer.name for layer in p.compute.layers]
     if p.model.get("model") == "cnn":
-        return [i for i, n in enumerate(names) if n in ("conv1", "conv2")]
+        return [i for i, n in enumerate(names) if n != "conv1"]
     return [i for i, n in enumerate(names) if n.startswith("block")]
 
 
@@ -126,7 +127,7 @@ def _tensor_ops(model: tuple, batch_local: int, degree: int) -> tuple[Collective
         return (Collective("all-reduce", nbytes / (2 * depth), degree, 2 * depth),)
     net = abstract_model(ModelConfig(name, depth=depth, width=width))
     ops = channels.collective_bytes(net, batch_local, IMAGE_SHAPE, degree)
-    if name == "cnn":  # conv2's output reduce-scattered over the batch, its gradient gathered
+    if name == "cnn":  # all-gathers and reduce-scatters of activations, the all-reduce of grads
         return tuple(Collective(op, nbytes, degree) for op, nbytes in ops.items())
     count = 2 * len(net.blocks)  # a block's output forward, its input gradient backward
     return (Collective("all-reduce", ops["all-reduce"] / count, degree, count),)
@@ -134,11 +135,11 @@ def _tensor_ops(model: tuple, batch_local: int, degree: int) -> tuple[Collective
 
 def _tensor_parts(p: Problem, batch: float, layers) -> tuple[float, float]:
     """(compute seconds, parameter bytes) of one tensor shard of `layers` at this batch: split
-    layers' work and parameters / T; the CNN's head after the split also runs on B/T rows
-    (its parameters whole)."""
+    layers' work and parameters / T; the CNN's conv1 also runs on B/T rows (its parameters
+    whole)."""
     c, t = p.compute, p.size("tensor")
     split = set(split_layers(p))
-    rows = set(range(max(split) + 1, len(c.layers))) if p.model.get("model") == "cnn" and split else set()
+    rows = set(range(len(c.layers))) - split if p.model.get("model") == "cnn" else set()
     shares = c.shares(batch)
     frac = sum(shares[i] / (t if i in split | rows else 1) for i in layers)
     params = sum(c.layers[i].param_bytes / (t if i in split else 1) for i in layers)
@@ -147,7 +148,7 @@ def _tensor_parts(p: Problem, batch: float, layers) -> tuple[float, float]:
 
 def tensor(p: Problem) -> Work:
     """Split layers' compute and parameters divided by T; their activations all-reduced twice
-    (forward and backward) per pair (the CNN: reduce-scattered, gathered back); over data > 1
+    (forward and backward) per pair (the CNN: gathered and reduce-scattered); over data > 1
     also the gradient all-reduce."""
     d, t = p.size("data"), p.size("tensor")
     b = p.batch / d

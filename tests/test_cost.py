@@ -130,7 +130,7 @@ def test_the_error_table_lists_every_committed_point():
 
 @pytest.mark.parametrize("args,needle", [
     (["--strategy", "hybrid", "--model", "cnn", "--devices", "8"], "cannot place --model cnn"),
-    (["--strategy", "tensor", "--model", "cnn", "--devices", "3"], "divisor of 32"),
+    (["--strategy", "tensor", "--model", "cnn", "--devices", "3"], "divisor of 64"),
     (["--memory", "lots"], "write a size like 16GB"),
     (["--device", "tpu"], "--device one of"),
 ])

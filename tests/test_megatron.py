@@ -29,21 +29,28 @@ def test_any_models_leaves_split_by_their_path():
     # a block's Linear layers as above, wherever the block sits
     assert megatron.param_spec(("blocks", 3, "up", "kernel")) == P(None, TENSOR)
     assert megatron.param_spec(("blocks", 3, "ln1", "scale")) == P()
-    # conv pairs by channels: the first conv (and its BN) by output, the second by input
-    for prefix in ((), ("blocks", 0)):  # the CNN's top level, a ResNet block
-        assert megatron.param_spec((*prefix, "conv1", "kernel")) == P(None, None, None, TENSOR)
-        assert megatron.param_spec((*prefix, "bn1", "mean")) == P(TENSOR)
-        assert megatron.param_spec((*prefix, "conv2", "kernel")) == P(None, None, TENSOR, None)
-        assert megatron.param_spec((*prefix, "conv2", "bias")) == P()  # added once, after the psum
-    for replicated in (("conv1",), ("fc1", "kernel"), ("blocks", 1, "proj_conv", "kernel"),
-                       ("blocks", 1, "bn2", "scale"), ("stem_conv", "kernel")):
+    # a ResNet block's conv pair by channels: the first conv (and its BN) by output, the second by input
+    assert megatron.param_spec(("blocks", 0, "conv1", "kernel")) == P(None, None, None, TENSOR)
+    assert megatron.param_spec(("blocks", 0, "bn1", "mean")) == P(TENSOR)
+    assert megatron.param_spec(("blocks", 0, "conv2", "kernel")) == P(None, None, TENSOR, None)
+    assert megatron.param_spec(("blocks", 0, "conv2", "bias")) == P()  # added once, after the psum
+    # the CNN: conv2 (and bn2) by output channels, fc1 by output features, fc2 by input rows
+    assert megatron.param_spec(("conv2", "kernel")) == P(None, None, None, TENSOR)
+    assert megatron.param_spec(("conv2", "bias")) == P(TENSOR)
+    assert megatron.param_spec(("bn2", "var")) == P(TENSOR)
+    assert megatron.param_spec(("fc1", "kernel")) == P(None, TENSOR)
+    assert megatron.param_spec(("fc1", "bias")) == P(TENSOR)
+    assert megatron.param_spec(("fc2", "kernel")) == P(TENSOR, None)
+    for replicated in (("conv1", "kernel"), ("bn1", "scale"), ("fc2", "bias"),
+                       ("blocks", 1, "proj_conv", "kernel"), ("blocks", 1, "bn2", "scale"),
+                       ("stem_conv", "kernel")):
         assert megatron.param_spec(replicated) == P()
 
 
 @pytest.mark.parametrize("model,options,degree,needle", [
     ("stack-mlp", dict(width=32, depth=1), 3, "--width 32"),
     ("vit", dict(width=32, depth=1), 8, "4 heads"),
-    ("cnn", {}, 3, "32-channel"),
+    ("cnn", {}, 3, "64-channel"),
     ("resnet", {}, 32, "divisor of 16"),
 ])
 def test_what_does_not_split_names_the_option(model, options, degree, needle):

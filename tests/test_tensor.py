@@ -65,6 +65,21 @@ def test_channel_split_equals_single_exactly_in_float64(model, mesh):
 
 
 @requires_devices(4)
+@pytest.mark.parametrize("mesh", ["tensor=2", "tensor=4"])
+def test_cnn_with_batch_norm_matches_single(mesh):
+    """bn1 runs on each device's B/T rows normalised by the whole batch's statistics, bn2 on
+    its channels of the gathered batch: gradients, parameters and running statistics equal
+    `single`'s."""
+    options = dict(tc.CONV, model="cnn", batch_norm=True)
+    ref = eq.run(eq.config(**options))
+    got = eq.run(eq.config(strategy="tensor", mesh=mesh, **options), devices=tc.devices_of(mesh))
+    eq.assert_tree_close(ref.grads, got.grads, what="step-1 gradients")
+    eq.assert_tree_close(ref.params, got.params, what="parameters")
+    stats = [t.strategy.state_to_reference(t.state).model_state for t in (ref, got)]
+    eq.assert_tree_close(*stats, what="batch-norm statistics")
+
+
+@requires_devices(4)
 def test_width_not_divisible_is_a_config_error():
     cfg = eq.config(model="stack-mlp", strategy="tensor", mesh="tensor=3", width=32, depth=2)
     with pytest.raises(ConfigError, match="--width"):

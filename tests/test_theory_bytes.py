@@ -144,17 +144,17 @@ def test_heterogeneous_stages_send_the_widest_boundary(schedule):
 
 
 def channel_split_bytes(model: str, batch: int, tensor: int) -> dict[str, int]:
-    """By collective, the operand bytes of a step. The CNN reduce-scatters conv2's output
-    [B, 14, 14, 64] over the batch forward and all-gathers its gradient [B/T, 14, 14, 64]
-    backward (conv1 reads the image: no input gradient), then all-reduces the gradients of the
-    layers that ran on the scattered rows (conv2's bias, fc1 3136x128 + 128, fc2 128x10 + 10)
-    and the 3 metric sums. Each ResNet-8 block all-reduces its output forward and its input
-    gradient backward: [28,28,16] and [28,28,16], [14,14,32] and [28,28,16], [7,7,64] and
-    [14,14,32]."""
+    """By collective, the operand bytes of a step. The CNN all-gathers conv1's output
+    [B/T, 14, 14, 32] over the batch and conv2's [B, 7, 7, 64/T] over the channels, and
+    reduce-scatters the partial logits [B, 10] over the batch; backward, the gathered gradients
+    are reduce-scattered (the whole as operand) and the logits' gradient all-gathered; the
+    replicated conv1 (3x3x1x32 + 32), fc2's bias (10) and the 3 metric sums all-reduced. Each
+    ResNet-8 block all-reduces its output forward and its input gradient backward: [28,28,16]
+    and [28,28,16], [14,14,32] and [28,28,16], [7,7,64] and [14,14,32]."""
     if model == "cnn":
-        whole = batch * 14 * 14 * 64 * F32
-        tail = (64 + 3136 * 128 + 128 + 128 * 10 + 10 + 3) * F32
-        return {"reduce-scatter": whole, "all-gather": whole // tensor, "all-reduce": tail}
+        whole = batch * (14 * 14 * 32 + 7 * 7 * 64 + 10) * F32
+        return {"all-gather": whole // tensor, "reduce-scatter": whole,
+                "all-reduce": (3 * 3 * 32 + 32 + 10 + 3) * F32}
     blocks = [(28 * 28 * 16, 28 * 28 * 16), (14 * 14 * 32, 28 * 28 * 16), (7 * 7 * 64, 14 * 14 * 32)]
     return {"all-reduce": batch * sum(out + grad for out, grad in blocks) * F32}
 

@@ -7,7 +7,7 @@ of its kernel, and its partial products are summed with one `psum` over TENSOR b
 (replicated) bias is added once. The block input is cast to tensor-varying once (Megatron's
 `f`), so the backward pass has exactly one all-reduce per sub-block too. LayerNorms stay
 replicated. Convolutions split the same way by channels (`jaxpar.parallel.channels`: the
-CNN and the ResNet's blocks); `param_spec` and `split_layers` say how any model splits.
+CNN, whose every layer splits, and the ResNet's blocks); `param_spec` and `split_layers` say how any model splits.
 
     spec = leaf_spec("up", "kernel")            # P(None, 'tensor')
     h = block(block_module, h)                  # inside shard_map, on this device's shard
@@ -44,14 +44,13 @@ def leaf_spec(layer: str, kind: str) -> P:
 def param_spec(path: tuple) -> P:
     """PartitionSpec of the parameter or batch-norm statistic at `path` (a key tuple, e.g.
     ("blocks", 2, "up", "kernel")) of any model the split takes: a block's Linear layers by
-    `leaf_spec`, a conv pair (the CNN's top level, a ResNet block) by `channels.leaf_spec`,
-    everything else (stems, heads, LayerNorms, shortcuts) replicated."""
-    if path[0] == "blocks" and len(path) == 4:
-        layer, kind = path[2], path[3]
-    elif len(path) == 2 and path[0] in ("conv1", "bn1", "conv2"):  # the CNN
-        layer, kind = path
-    else:
+    `leaf_spec`, the CNN's layers by `channels.cnn_leaf_spec`, a ResNet block's conv pair by
+    `channels.leaf_spec`, everything else (stems, heads, LayerNorms, shortcuts) replicated."""
+    if len(path) == 2 and path[0] in channels.CNN_LAYERS:
+        return channels.cnn_leaf_spec(*path)
+    if path[0] != "blocks" or len(path) != 4:
         return P()
+    layer, kind = path[2], path[3]
     if layer in COLUMN or layer in ROW:
         return leaf_spec(layer, kind)
     return channels.leaf_spec(layer, kind)

@@ -5,9 +5,10 @@ Shoeybi et al. 2019, fig. 3; `_TensorBase` is what it shares with `tensor-auto`.
 Each block is split as `jaxpar.parallel.megatron` says: column-parallel `up` (and the ViT's
 `query`/`key`/`value`, whole heads per device), row-parallel `down`/`out` whose partial
 products meet in one `psum` over TENSOR, one all-reduce per sub-block forward and one
-backward. The CNN's conv pair and each ResNet block split the same way by channels
-(`jaxpar.parallel.channels`: first conv by output channels, second by input channels, one
-all-reduce). Stems, heads, LayerNorms and the position embedding are replicated. A DATA
+backward. Each ResNet block's conv pair splits the same way by channels (first conv by
+output channels, second by input channels, one all-reduce); the CNN splits every layer
+(conv1 over the batch's rows, conv2 and fc1 by output channels and features, fc2 by input
+rows, reduce-scattered over the batch; `jaxpar.parallel.channels`). Stems, heads, LayerNorms and the position embedding are replicated. A DATA
 axis, if the mesh has one, shards the batch (batch norm then normalises per data shard).
 
     python -m experiments train --strategy tensor --mesh tensor=2 --devices 2 --model cnn \
@@ -97,7 +98,9 @@ class _TensorBase(Strategy):
         self.specs = state_specs(ref, tx, self.pspecs)
         self.shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), self.specs,
                                       is_leaf=lambda x: isinstance(x, P))
-        self.batch_spec = P(DATA) if DATA in shape else P()
+        self.batch_axes = self._batch_axes(shape)
+        self.batch_spec = P(self.batch_axes if len(self.batch_axes) > 1 else self.batch_axes[0]) \
+            if self.batch_axes else P()
         self.replicated = NamedSharding(mesh, P())
         self.batch_sharding = NamedSharding(mesh, self.batch_spec)
         self._build_programs()
@@ -108,8 +111,12 @@ class _TensorBase(Strategy):
     def _build_programs(self) -> None:
         raise NotImplementedError
 
+    def _batch_axes(self, shape: dict) -> tuple[str, ...]:
+        """The mesh axes the batch's rows are sharded over."""
+        return (DATA,) if DATA in shape else ()
+
     def rows_multiple(self) -> int:
-        # the CNN's head runs on B/T rows per device (`channels.scatters_rows`)
+        # the CNN's conv1 and logits are on B/T rows per device (`channels.scatters_rows`)
         return self.data * (self.degree if channels.scatters_rows(self.model) else 1)
 
     def place_batch(self, batch):
@@ -147,7 +154,7 @@ class _TensorBase(Strategy):
 class Tensor(_TensorBase):
     name = "tensor"
     summary = ("Megatron column->row split over `tensor` in `jax.shard_map` (stack-mlp MLP "
-               "blocks; ViT heads; CNN and ResNet conv pairs by channels)")
+               "blocks; ViT heads; the CNN's layers; ResNet conv pairs by channels)")
 
     def _build_programs(self):
         batch_specs = {"image": self.batch_spec, "label": self.batch_spec,
@@ -162,6 +169,11 @@ class Tensor(_TensorBase):
         self._register("gradients", grads)
         self._register("eval_step", evals)
 
+    def _batch_axes(self, shape: dict) -> tuple[str, ...]:
+        # The CNN's split reads B/T rows of the batch per device (`channels.scatters_rows`)
+        rows = (TENSOR,) if channels.scatters_rows(self.model) else ()
+        return super()._batch_axes(shape) + rows
+
     def _loss(self, params, model_state, batch, denom, train=True):
         """The loss of this device's shard of the model, its metric sums and batch-norm
         statistics after the call."""
@@ -169,10 +181,9 @@ class Tensor(_TensorBase):
         h = steplib.normalize(batch["image"])
         for layer, split in zip(model.layers(), megatron.split_layers(model)):
             h = (split or layer)(h, train)
-        scattered = channels.scatters_rows(model) and self.degree > 1
+        scattered = channels.scatters_rows(model)
         if scattered:  # each device holds B/T rows' logits: its loss over the whole batch's weight
-            denom = batch["weight"].sum() if denom is None else denom
-            batch = channels.local_rows(batch, h.shape[0])
+            denom = jax.lax.psum(batch["weight"].sum(), TENSOR) if denom is None else denom
         loss, sums = steplib.loss_from_logits(h, batch, denom)
         if scattered:
             sums = jax.lax.psum(sums, TENSOR)
@@ -185,7 +196,7 @@ class Tensor(_TensorBase):
             # Per-shard loss over the global weight total, params cast DATA-varying so the
             # gradient is this shard's share, summed explicitly below (not implicitly).
             params = jax.lax.pcast(params, DATA, to="varying")
-            denom = jax.lax.psum(batch["weight"].sum(), DATA)
+            denom = jax.lax.psum(batch["weight"].sum(), self.batch_axes)
         grads, (model_state, sums) = jax.grad(self._loss, has_aux=True)(
             params, state.model_state, batch, denom)
         if self.data > 1:
