@@ -103,6 +103,7 @@ class Prediction:
     batch: int
     devices: int
     notes: tuple[str, ...] = ()
+    wire_s: float = 0.0    # of comm_s: bytes on a link's wire (not this machine's speed)
 
     @property
     def total_s(self) -> float:
@@ -236,6 +237,7 @@ class Machine:
     slots: int                 # how many devices' work runs at once (1: they share one pool)
     memory_bytes: float | None
     notes: tuple[str, ...] = ()
+    wire_s: Callable[[Collective], float] | None = None   # of collective_s: time on a link's wire
 
 
 def fitted_seconds(fits: dict, op: str, group: int, nbytes: float) -> float:
@@ -280,6 +282,7 @@ def predict(work: Work, machine: Machine, batch: int, devices: int) -> Predictio
     """The step's time split into compute, exposed communication and bubble (see the module
     docstring for how each kind of machine adds devices' work)."""
     comm = sum(machine.collective_s(c) for c in work.collectives)
+    wire = sum(machine.wire_s(c) for c in work.collectives) if machine.wire_s else 0.0
     if work.stage_s:   # a pipeline: M micro-batches through S stages
         slowest = max(work.stage_s)
         dedicated = work.microbatches * slowest
@@ -298,7 +301,7 @@ def predict(work: Work, machine: Machine, batch: int, devices: int) -> Predictio
         compute = total_work / machine.slots
         bubble = max(critical - compute, 0.0)
     return Prediction(compute, comm, bubble, work.state_bytes, work.activation_bytes, batch, devices,
-                      machine.notes)
+                      machine.notes, wire)
 
 
 def load_profile(path) -> dict:

@@ -31,6 +31,7 @@ class Problem:
     schedule: str = "gpipe"
     sync_every: int = 1
     model: dict = field(default_factory=dict)  # the model config (tensor's collective bytes)
+    implementation: str = "spmd"  # pipelines: one program ("spmd") or one per stage ("mpmd")
 
     def size(self, axis: str) -> int:
         return int(self.axes.get(axis, 1))
@@ -187,10 +188,24 @@ def layer_split(p: Problem) -> Work:
     return Work(tuple(parts), tuple(sends), state, c.temp_bytes(p.batch) / s, serial=True)
 
 
+def _sends(p: Problem, ranges: list[range], rows: float, op: str) -> list[Collective]:
+    """The activations and their gradients between stages per step. One program per stage
+    (`mpmd`) and MPI ranks send each real micro-batch across each boundary once forward and
+    once back (its own bytes, 2M sends, between 2 devices); the single SPMD program shifts
+    the largest boundary's buffer at every one of its M + S - 1 ticks, both ways."""
+    c, s, m = p.compute, len(ranges), p.microbatches
+    if s <= 1:
+        return []
+    if p.implementation == "mpmd" or op.startswith("mpi_"):
+        return [Collective(op, c.layers[r[-1]].out_bytes_per_example * rows, 2, 2 * m) for r in ranges[:-1]]
+    boundary = max(c.layers[r[-1]].out_bytes_per_example for r in ranges[:-1]) * rows
+    return [Collective(op, boundary, s, 2 * (m + s - 1))]
+
+
 def pipeline(p: Problem, op: str = "collective-permute") -> Work:
     """The pipeline's bound: S stages of `single`'s layers (cut by FLOPs), each micro-batch of
-    B/(D*M) rows through every stage, (S - 1) slots of bubble, one activation send forward and
-    one gradient send backward per slot (the largest boundary's), the update once per step;
+    B/(D*M) rows through every stage, (S - 1) slots of bubble, the activations and their
+    gradients between stages (`_sends`), the update once per step;
     GPipe keeps M micro-batches' activations, 1F1B at most S. Tensor and data axes (hybrid)
     split each stage as `tensor` does and all-reduce the stage's gradient."""
     c, s, m, d, t = p.compute, p.size("stage"), p.microbatches, p.size("data"), p.size("tensor")
@@ -203,8 +218,7 @@ def pipeline(p: Problem, op: str = "collective-permute") -> Work:
         stage_s.append(seconds - update)
         stage_params.append(params)
     updates = tuple(c.update_s * q / max(c.param_bytes, 1) for q in stage_params)
-    boundary = max((c.layers[r[-1]].out_bytes_per_example for r in ranges[:-1]), default=0) * b / t
-    ops = [Collective(op, boundary, s, 2 * (m + s - 1))] if s > 1 else []
+    ops = _sends(p, ranges, b / t, op)
     if t > 1:
         ops += [Collective(o.op, o.bytes / s, t, o.count * m)
                 for o in _tensor_ops((p.model.get("model"), p.model.get("depth"), p.model.get("width")), int(b), t)]

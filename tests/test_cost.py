@@ -5,6 +5,7 @@ the committed error table listing every committed point."""
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -119,7 +120,8 @@ def test_the_error_table_lists_every_committed_point():
     for r in covered:
         assert r["error_profile"] == pytest.approx(r["predicted_ms"] / r["measured_ms"] - 1)
         assert r["error"] == pytest.approx(r["anchored_ms"] / r["measured_ms"] - 1)
-        assert r["anchored_ms"] == pytest.approx(r["predicted_ms"] * r["scale"])
+        # the machine's part scaled by the day's speed; an emulated link's wire time as it is
+        assert r["anchored_ms"] == pytest.approx((r["predicted_ms"] - r["wire_ms"]) * r["scale"] + r["wire_ms"])
     anchors = [r for r in covered if r["anchor"]]
     assert anchors and all(r["strategy"] == "single" and r["error"] == pytest.approx(0) for r in anchors)
     # one scale per study (and scaling mode) and model: every point of a group shares its anchor's
@@ -137,3 +139,48 @@ def test_the_error_table_lists_every_committed_point():
 def test_predict_refuses_what_cannot_run_naming_the_fix(args, needle, capsys):
     assert run(["predict", *args]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_the_bounds_study_is_checked_at_the_median_of_its_rounds_each_device_count_anchored():
+    rows = [r for r in cost_check.check_rows(DATA) if r["study"] == "bounds"]
+    assert rows and all("error" in r for r in rows)  # every point an mpmd pipeline, tensor or single
+    for r in rows:
+        rounds = [json.loads(p.read_text())["metrics"]["step_time_ms_median"]
+                  for p in sorted((DATA / r["point"]).glob("r*/result.json"))]
+        assert len(rounds) > 1 and r["measured_ms"] == pytest.approx(statistics.median(rounds))
+        single = next(a for a in rows if a["anchor"] and a["devices"] == r["devices"])
+        assert r["scale"] == single["scale"]  # each device count measured with its own single
+
+
+def test_the_network_studys_mpi_points_are_priced_on_their_link_and_jax_distributed_is_listed():
+    rows = [r for r in cost_check.check_rows(DATA) if r["study"] == "network"]
+    for r in rows:
+        mpi = STRATEGIES[r["strategy"]].uses_mpi
+        assert ("error" in r) == (mpi or r["strategy"] == "single"), r["point"]
+        if "error" not in r:
+            assert "jax.distributed" in r["why"]
+    # 2 ranks, one per host: the gradient's ring all-reduce puts its bytes once on the 1 Gbit/s wire
+    point = next(r for r in rows if r["point"] == "network/1gbit/cnn-mpi-allreduce")
+    grad = predictlib.compute_source(PROFILE)("cnn").param_bytes + 12
+    assert point["wire_ms"] == pytest.approx(1000 * grad / (1e9 / 8))
+    unshaped = next(r for r in rows if r["point"] == "network/unlimited/cnn-mpi-allreduce")
+    assert unshaped["wire_ms"] == 0 and point["comm_ms"] > unshaped["comm_ms"] + point["wire_ms"] * 0.99
+
+
+def test_pipelines_are_priced_in_the_form_they_were_measured():
+    result = json.loads((DATA / "bounds/points/2/pipeline-gpipe/r0/result.json").read_text())
+    assert result["strategy"]["implementation"] == "mpmd"
+    pred, why = cost_check.predict_point(PROFILE, result["config"], result["env"], result["strategy"])
+    assert pred is not None and why == ""
+    spmd = {**result["strategy"], "implementation": "spmd"}
+    assert cost_check.predict_point(PROFILE, result["config"], result["env"], spmd) == (
+        None, "implementation replaced: measured as one SPMD program, not one program per stage")
+    # one program per stage sends each real micro-batch over each boundary, forward and back;
+    # the SPMD program shifts the largest boundary at every tick
+    compute = predictlib.compute_source(PROFILE)("cnn")
+    for impl, count in (("mpmd", 2 * 8), ("spmd", 2 * (8 + 4 - 1))):
+        work = STRATEGIES["pipeline"].cost(Problem(compute, {"stage": 4}, 128, microbatches=8,
+                                                   model={"model": "cnn"}, implementation=impl))
+        sends = [c for c in work.collectives if c.op == "collective-permute"]
+        assert {c.count for c in sends} == {count}
+        assert len(sends) == (3 if impl == "mpmd" else 1)
