@@ -11,8 +11,8 @@ memory per device, predicted from what the strategy states about itself
 
 How a machine turns a strategy's work into time:
 - dedicated devices (GPUs, hosts): the devices compute at once; the step's compute is the
-  busiest device's, a pipeline's the (M + S - 1) slots of its slowest stage (M of compute and
-  S - 1 of bubble);
+  busiest device's, a pipeline's M slots of its slowest stage and, as bubble, the fill and
+  drain: one micro-batch of each other stage ((S - 1) slots when the stages are equal);
 - simulated CPU devices share the machine's cores: one device's work is timed on every core
   (XLA's one intra-op pool), so D devices' work adds up (D x step(B/D) for data parallelism,
   not step(B/D)), and a pipeline's bubble costs nothing unless its critical path is longer
@@ -286,7 +286,9 @@ def predict(work: Work, machine: Machine, batch: int, devices: int) -> Predictio
     if work.stage_s:   # a pipeline: M micro-batches through S stages
         slowest = max(work.stage_s)
         dedicated = work.microbatches * slowest
-        bubble = (len(work.stage_s) - 1) * slowest
+        # fill and drain: each other stage's one micro-batch ((S - 1) slots of the slowest when
+        # the stages are equal; a stage much faster than the slowest idles less)
+        bubble = sum(work.stage_s) - slowest
         updates = max(work.device_s) if work.device_s else 0.0
         critical = dedicated + bubble + updates
         total_work = work.microbatches * sum(work.stage_s) + sum(work.device_s)

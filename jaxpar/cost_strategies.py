@@ -234,8 +234,15 @@ def mpi_pipeline(p: Problem) -> Work:
 
 
 def gems(p: Problem) -> Work:
-    """GEMS: the pipeline's bound, two model copies in opposite directions, so each device
-    holds a stage of each: twice the fullest stage's state (stages are held in one layout
-    padded to the largest, as `pipeline`'s are)."""
+    """GEMS: the pipeline's bound, two model copies in opposite directions, so device d holds
+    stage d of one and stage S-1-d of the other: it updates both (twice the fullest stage's
+    state; stages are held in one layout padded to the largest, as `pipeline`'s are), and
+    after the schedule swaps both stages' gradients with device S-1-d, so that both copies
+    take the whole batch's gradient."""
     work = pipeline(p)
-    return dataclasses.replace(work, state_bytes=2 * work.state_bytes)
+    s, updates = len(work.device_s), work.device_s
+    params = [u / p.compute.update_s * p.compute.param_bytes if p.compute.update_s else 0.0 for u in updates]
+    both = tuple(updates[d] + updates[s - 1 - d] for d in range(s))
+    swaps = tuple(Collective("collective-permute", params[d] + params[s - 1 - d], 2, 2) for d in range(s // 2))
+    return dataclasses.replace(work, device_s=both, collectives=work.collectives + swaps,
+                               state_bytes=2 * work.state_bytes)

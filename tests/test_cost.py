@@ -4,6 +4,7 @@ the committed error table listing every committed point."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 
@@ -78,8 +79,11 @@ def test_a_pipeline_on_dedicated_devices_pays_the_schedules_bubble():
         work = STRATEGIES["pipeline"].cost(problem)
         p = cost.predict(work, cost.cluster(lambda k, t: compute, cost.LINKS["nvlink"], None, "x"), 512, 4)
         slowest = max(work.stage_s)
-        assert p.bubble_s == pytest.approx(3 * slowest)
-        assert p.bubble_s / (p.bubble_s + p.compute_s - max(work.device_s)) == pytest.approx(3 / (m + 3))
+        # fill and drain: one micro-batch of every other stage; S - 1 slots of equal stages
+        assert p.bubble_s == pytest.approx(sum(work.stage_s) - slowest)
+        equal = dataclasses.replace(work, stage_s=(slowest,) * 4)
+        e = cost.predict(equal, cost.cluster(lambda k, t: compute, cost.LINKS["nvlink"], None, "x"), 512, 4)
+        assert e.bubble_s / (e.bubble_s + e.compute_s - max(work.device_s)) == pytest.approx(3 / (m + 3))
 
 
 def test_every_strategy_states_its_cost():
@@ -184,3 +188,12 @@ def test_pipelines_are_priced_in_the_form_they_were_measured():
         sends = [c for c in work.collectives if c.op == "collective-permute"]
         assert {c.count for c in sends} == {count}
         assert len(sends) == (3 if impl == "mpmd" else 1)
+
+
+def test_gems_updates_both_copies_and_swaps_every_stages_gradient():
+    compute = predictlib.compute_source(PROFILE)(STACK)
+    problem = Problem(compute, {"stage": 4}, 512, microbatches=8, model={"model": "stack-mlp"}, implementation="mpmd")
+    one, two = STRATEGIES["pipeline"].cost(problem), STRATEGIES["gems"].cost(problem)
+    assert sum(two.device_s) == pytest.approx(2 * sum(one.device_s)) and two.state_bytes == 2 * one.state_bytes
+    swaps = [c for c in two.collectives if c not in one.collectives]
+    assert sum(c.bytes * c.count for c in swaps) == pytest.approx(2 * compute.param_bytes)
