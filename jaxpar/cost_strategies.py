@@ -6,8 +6,9 @@ machine. A new strategy brings its own function here (or on its class).
     work = COSTS["fsdp"](Problem(compute, {"data": 4}, batch=128))
 
 The pipeline's cost is its bound (docs/design.md, invariant 7): `single`'s compute split over
-the stages by the layers' measured times, the schedule's (S - 1) slots of bubble, and each
-tick's activation send; it does not model how today's implementation reaches it.
+the stages by the layers' measured times, the schedule's fill and drain, and the sends of the
+form it runs (`Problem.implementation`: one program per stage sends each micro-batch across
+each boundary; the single SPMD program shifts a buffer at every tick).
 """
 
 from __future__ import annotations
