@@ -91,6 +91,7 @@ class Work:
     stage_s: tuple[float, ...] = ()          # pipeline: each stage's time per micro-batch
     microbatches: int = 1
     serial: bool = False                     # devices run one after another (layer-split)
+    programs: float = 0.0                    # programs the host dispatches per step (one per stage program)
 
 
 @dataclass(frozen=True)
@@ -238,6 +239,7 @@ class Machine:
     memory_bytes: float | None
     notes: tuple[str, ...] = ()
     wire_s: Callable[[Collective], float] | None = None   # of collective_s: time on a link's wire
+    dispatch_s: float = 0.0    # the host's time per program it dispatches (host-driven pipelines)
 
 
 def fitted_seconds(fits: dict, op: str, group: int, nbytes: float) -> float:
@@ -302,6 +304,7 @@ def predict(work: Work, machine: Machine, batch: int, devices: int) -> Predictio
     else:                          # devices share cores: their work adds up
         compute = total_work / machine.slots
         bubble = max(critical - compute, 0.0)
+    compute += work.programs * machine.dispatch_s   # the host's dispatches, on the same cores
     return Prediction(compute, comm, bubble, work.state_bytes, work.activation_bytes, batch, devices,
                       machine.notes, wire)
 
@@ -321,7 +324,8 @@ def simulated(profile: dict, model_compute: Callable[[str, bool], Compute]) -> M
     return Machine("simulated CPU devices", model_compute,
                    lambda c: c.count * fitted_seconds(fits, c.op, c.group, c.bytes) if c.group > 1 else 0.0,
                    slots=1, memory_bytes=None,
-                   notes=(f"simulated devices share {profile['cores']} cores: their work adds up",))
+                   notes=(f"simulated devices share {profile['cores']} cores: their work adds up",),
+                   dispatch_s=profile.get("dispatch_us", 0.0) / 1e6)
 
 
 def mpi_ranks(profile: dict, model_compute: Callable[[str, bool], Compute]) -> Machine:

@@ -186,7 +186,8 @@ def layer_split(p: Problem) -> Work:
     sends = [Collective("collective-permute", c.layers[r[-1]].out_bytes_per_example * p.batch, 2, 2)
              for r in _stage_layers(p, s)[:-1]]
     state = max(sum(c.layers[i].param_bytes for i in r) for r in _stage_layers(p, s)) * 3
-    return Work(tuple(parts), tuple(sends), state, c.temp_bytes(p.batch) / s, serial=True)
+    return Work(tuple(parts), tuple(sends), state, c.temp_bytes(p.batch) / s, serial=True,
+                programs=_programs(s, 1, s))
 
 
 def _sends(p: Problem, ranges: list[range], rows: float, op: str) -> list[Collective]:
@@ -201,6 +202,13 @@ def _sends(p: Problem, ranges: list[range], rows: float, op: str) -> list[Collec
         return [Collective(op, c.layers[r[-1]].out_bytes_per_example * rows, 2, 2 * m) for r in ranges[:-1]]
     boundary = max(c.layers[r[-1]].out_bytes_per_example for r in ranges[:-1]) * rows
     return [Collective(op, boundary, s, 2 * (m + s - 1))]
+
+
+def _programs(stages: int, microbatches: int, updates: int) -> int:
+    """Programs the host dispatches per step when each stage is a program of its own: every
+    micro-batch a forward and a backward on each stage but the last, which runs both in one;
+    then each stage copy's update."""
+    return microbatches * (2 * stages - 1) + updates
 
 
 def pipeline(p: Problem, op: str = "collective-permute") -> Work:
@@ -227,7 +235,9 @@ def pipeline(p: Problem, op: str = "collective-permute") -> Work:
         ops.append(Collective("all-reduce", max(stage_params) + SUMS, d))
     in_flight = m if p.schedule == "gpipe" else min(m, s)
     act = max(sum(c.layers[i].out_bytes_per_example for i in r) for r in ranges) * b * in_flight * 2
-    return Work(updates, tuple(ops), max(stage_params) * 3, act, stage_s=tuple(stage_s), microbatches=m)
+    programs = d * _programs(s, m, s) if p.implementation == "mpmd" else 0
+    return Work(updates, tuple(ops), max(stage_params) * 3, act, stage_s=tuple(stage_s), microbatches=m,
+                programs=programs)
 
 
 def mpi_pipeline(p: Problem) -> Work:
@@ -246,4 +256,5 @@ def gems(p: Problem) -> Work:
     both = tuple(updates[d] + updates[s - 1 - d] for d in range(s))
     swaps = tuple(Collective("collective-permute", params[d] + params[s - 1 - d], 2, 2) for d in range(s // 2))
     return dataclasses.replace(work, device_s=both, collectives=work.collectives + swaps,
-                               state_bytes=2 * work.state_bytes)
+                               state_bytes=2 * work.state_bytes,
+                               programs=work.programs + (s + len(swaps) if work.programs else 0))

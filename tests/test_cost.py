@@ -39,7 +39,7 @@ def test_a_quick_profile_measures_steps_layers_and_collectives(tmp_path):
         for n in ("2", "4", "8"):
             fit = m["collectives"][op][n]
             assert fit["bytes_per_s"] > 0 and fit["latency_s"] >= 0 and len(fit["points"]) == 2
-    assert m["matmul_peak_gflops"] > 0 and set(m["kinds"]) == {"dense"}
+    assert m["matmul_peak_gflops"] > 0 and set(m["kinds"]) == {"dense"} and m["dispatch_us"] > 0
     assert m["mpi"] == {} and m["mpi_note"] == "not asked"
 
 
@@ -197,3 +197,15 @@ def test_gems_updates_both_copies_and_swaps_every_stages_gradient():
     assert sum(two.device_s) == pytest.approx(2 * sum(one.device_s)) and two.state_bytes == 2 * one.state_bytes
     swaps = [c for c in two.collectives if c not in one.collectives]
     assert sum(c.bytes * c.count for c in swaps) == pytest.approx(2 * compute.param_bytes)
+
+
+def test_the_host_pays_a_dispatch_for_every_stage_program_it_drives():
+    compute = predictlib.compute_source(PROFILE)("cnn")
+    machine = cost.simulated({**PROFILE, "dispatch_us": 50.0}, lambda k, t: compute)
+    without = cost.simulated({**PROFILE, "dispatch_us": 0.0}, lambda k, t: compute)
+    for impl, programs in (("mpmd", 8 * (2 * 4 - 1) + 4), ("spmd", 0)):
+        work = STRATEGIES["pipeline"].cost(Problem(compute, {"stage": 4}, 128, microbatches=8,
+                                                   model={"model": "cnn"}, implementation=impl))
+        assert work.programs == programs
+        extra = cost.predict(work, machine, 128, 4).compute_s - cost.predict(work, without, 128, 4).compute_s
+        assert extra == pytest.approx(programs * 50e-6)
