@@ -246,8 +246,8 @@ def mpi_pipeline(p: Problem) -> Work:
 
 def gems(p: Problem) -> Work:
     """GEMS: the pipeline's bound, two model copies in opposite directions, so device d holds
-    stage d of one and stage S-1-d of the other: it updates both (twice the fullest stage's
-    state; stages are held in one layout padded to the largest, as `pipeline`'s are), and
+    stage d of one and stage S-1-d of the other: it holds and updates both (the SPMD form in
+    one layout padded to the largest stage, as `pipeline`'s: twice the fullest's state), and
     after the schedule swaps both stages' gradients with device S-1-d, so that both copies
     take the whole batch's gradient."""
     work = pipeline(p)
@@ -255,6 +255,8 @@ def gems(p: Problem) -> Work:
     params = [u / p.compute.update_s * p.compute.param_bytes if p.compute.update_s else 0.0 for u in updates]
     both = tuple(updates[d] + updates[s - 1 - d] for d in range(s))
     swaps = tuple(Collective("collective-permute", params[d] + params[s - 1 - d], 2, 2) for d in range(s // 2))
-    return dataclasses.replace(work, device_s=both, collectives=work.collectives + swaps,
-                               state_bytes=2 * work.state_bytes,
+    # one program per stage holds each stage at its own size; the SPMD layout pads to the largest
+    state = (max(params[d] + params[s - 1 - d] for d in range(s)) * 3 if p.implementation == "mpmd"
+             else 2 * work.state_bytes)
+    return dataclasses.replace(work, device_s=both, collectives=work.collectives + swaps, state_bytes=state,
                                programs=work.programs + (s + len(swaps) if work.programs else 0))
