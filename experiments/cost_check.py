@@ -21,8 +21,8 @@ import functools
 import statistics
 from pathlib import Path
 
+from experiments import cluster, sources
 from experiments import predict as predictlib
-from experiments import sources
 from jaxpar import cost, results
 from jaxpar.errors import ConfigError, ResultsError
 from jaxpar.parallel import STRATEGIES
@@ -67,9 +67,18 @@ def link_of(config: dict) -> cost.Link | None:
 
 def on_link(machine: cost.Machine, link: cost.Link) -> cost.Machine:
     """`machine`'s ranks one per host over `link`: each collective costs what it costs on one
-    host (copies, MPI's protocol) plus its bytes at the link's rate (`cost.link_seconds`)."""
-    return dataclasses.replace(machine, collective_s=lambda c: machine.collective_s(c) + cost.link_seconds(link, c),
-                               wire_s=lambda c: cost.link_seconds(link, c), notes=machine.notes + (f"link {link.name}",))
+    host (copies, MPI's protocol) plus its bytes at the link's rate (`cost.link_seconds`),
+    less what the shaper's full bucket (`cluster.burst_bytes`) lets through at once: once per
+    step for a collective whose directions run at once, once per direction for point-to-point
+    sends, which alternate (a pipeline's activations one way, their gradients back)."""
+    burst_s = cluster.burst_bytes(int(8 * link.bytes_per_s)) / link.bytes_per_s
+
+    def wire(c: cost.Collective) -> float:
+        directions = 2 if c.op.removeprefix("mpi_") in ("sendrecv", "collective-permute") else 1
+        return max(cost.link_seconds(link, c) - directions * burst_s, 0.0)
+
+    return dataclasses.replace(machine, collective_s=lambda c: machine.collective_s(c) + wire(c), wire_s=wire,
+                               notes=machine.notes + (f"link {link.name}",))
 
 
 def replaced(cls, described: dict | None) -> bool:

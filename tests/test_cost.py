@@ -163,10 +163,13 @@ def test_the_network_studys_mpi_points_are_priced_on_their_link_and_jax_distribu
         assert ("error" in r) == (mpi or r["strategy"] == "single"), r["point"]
         if "error" not in r:
             assert "jax.distributed" in r["why"]
-    # 2 ranks, one per host: the gradient's ring all-reduce puts its bytes once on the 1 Gbit/s wire
+    # 2 ranks, one per host: the gradient's ring all-reduce puts its bytes once on the 1 Gbit/s
+    # wire, less the shaper's bucket (4 ms at the rate), which passes at once
     point = next(r for r in rows if r["point"] == "network/1gbit/cnn-mpi-allreduce")
     grad = predictlib.compute_source(PROFILE)("cnn").param_bytes + 12
-    assert point["wire_ms"] == pytest.approx(1000 * grad / (1e9 / 8))
+    assert point["wire_ms"] == pytest.approx(1000 * (grad - 1e9 / 8 / 250) / (1e9 / 8))
+    fast = next(r for r in rows if r["point"] == "network/10gbit/cnn-mpi-allreduce")
+    assert fast["wire_ms"] == 0  # the gradient fits in the 10 Gbit/s link's bucket
     unshaped = next(r for r in rows if r["point"] == "network/unlimited/cnn-mpi-allreduce")
     assert unshaped["wire_ms"] == 0 and point["comm_ms"] > unshaped["comm_ms"] + point["wire_ms"] * 0.99
 
