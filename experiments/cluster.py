@@ -89,10 +89,16 @@ def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
+def burst_bytes(bits: int) -> int:
+    """The token bucket's size on a link of `bits`/s: at least two 64 KiB (GSO) packets and
+    4 ms at the rate (smaller, and a fast link cannot reach its rate). A full bucket lets that
+    many bytes through at memory speed (the cost model prices it, experiments/cost_check.py)."""
+    return max(128 * 1024, bits // 8 // 250)
+
+
 def _shape(link: str, namespace: str | None, bits: int) -> None:
-    """A token bucket of `bits`/s on `link`'s egress. The bucket holds at least two 64 KiB
-    (GSO) packets and 4 ms at the rate: smaller, and a fast link cannot reach its rate."""
-    burst = max(128 * 1024, bits // 8 // 250)
+    """A token bucket of `bits`/s on `link`'s egress (`burst_bytes`)."""
+    burst = burst_bytes(bits)
     where = ("ip", "netns", "exec", namespace) if namespace else ()
     _run(*where, "tc", "qdisc", "add", "dev", link, "root", "tbf", "rate", str(bits),
          "burst", str(burst), "latency", "100ms")

@@ -7,24 +7,29 @@ predicted-against-measured figure come from here.
     summary(rows)                              # median and largest |error| per study
 
 Covered: one process's simulated CPU devices (every core) and mpi4jax ranks (one thread
-each). Not covered, and listed as such: points over jax.distributed (several processes on
-one global mesh: the profile has no measurement of its cross-process collectives).
+each), on one host or (the network study) one rank per emulated host, priced on the
+point's link rate. Not covered, and listed as such: points over jax.distributed (several
+processes on one global mesh: the profile has no measurement of its cross-process
+collectives), and pipelines measured in the single-program (SPMD) form that one program
+per stage (`implementation: mpmd` in the result) replaced.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import statistics
 from pathlib import Path
 
+from experiments import cluster, sources
 from experiments import predict as predictlib
-from experiments import sources
 from jaxpar import cost, results
 from jaxpar.errors import ConfigError, ResultsError
 from jaxpar.parallel import STRATEGIES
 from jaxpar.profiling import model_key
 
-# (study, the results files under the data folder). Peers: each jaxpar row's rounds.
+# (study, the results files under the data folder). A folder (peers' jaxpar rows, the bounds
+# study's points) holds rounds r*/result.json: the point is their median.
 STUDIES = (
     ("strategies", "strategies/points/*/result.json"),
     ("strategies-cnn", "strategies_cnn/points/*/result.json"),
@@ -33,33 +38,71 @@ STUDIES = (
     ("pipeline", "pipeline/points/*/result.json"),
     ("time-to-accuracy", "time_to_accuracy/*/result.json"),
     ("peers", "peers/points/*/jaxpar-*"),
+    ("bounds", "bounds/points/*/*"),
+    ("network", "network/*/*/result.json"),
 )
+# The studies whose points fall in groups measured apart (each with its own `single`): the
+# part of a point's path that names its group (a scaling mode; the bounds study's devices).
+MODE_PART = {"scaling": 1, "scaling-ranks": 2, "bounds": 2}
 PROFILE = "cost/profile.json"
-# Strategies whose committed points measured an implementation being rewritten (the lead
-# re-measures them): the summary also states the error without them.
-REWRITTEN = ("pipeline", "gems", "hybrid")
-WITHOUT = "all but " + ", ".join(REWRITTEN)
 
 
-def _measured(study: str, path: Path) -> tuple[results.RunResult, float]:
-    """A point's result and its measured step (ms); a peers row: the median of its rounds."""
-    if study != "peers":
+def _measured(path: Path) -> tuple[results.RunResult, float]:
+    """A point's result and its measured step (ms); a folder of rounds (peers' jaxpar rows,
+    the bounds study's points): the median of its rounds, as those studies report them."""
+    if not path.is_dir():
         r = results.load(path)
         return r, r.metrics["step_time_ms_median"]
     rounds = [results.load(p) for p in sorted(path.glob("r*/result.json"))]
     return rounds[0], statistics.median(r.metrics["step_time_ms_median"] for r in rounds)
 
 
-def predict_point(profile: dict, config: dict, env: dict) -> tuple[cost.Prediction | None, str]:
-    """The prediction for one measured point, or (None, why it is not covered)."""
+def link_of(config: dict) -> cost.Link | None:
+    """The emulated link a network-study point ran over (its labels' rate), or None (one host,
+    or a link left unshaped)."""
+    labels = (config.get("point") or {}).get("labels") or {}
+    rate = labels.get("rate_bits_per_s")
+    return cost.Link(labels["bandwidth"], rate / 8, 0.0, labels.get("link", "")) if rate else None
+
+
+def on_link(machine: cost.Machine, link: cost.Link) -> cost.Machine:
+    """`machine`'s ranks one per host over `link`: each collective costs what it costs on one
+    host (copies, MPI's protocol) plus its bytes at the link's rate (`cost.link_seconds`),
+    less what the shaper's full bucket (`cluster.burst_bytes`) lets through at once: once per
+    step for a collective whose directions run at once, once per direction for point-to-point
+    sends, which alternate (a pipeline's activations one way, their gradients back)."""
+    burst_s = cluster.burst_bytes(int(8 * link.bytes_per_s)) / link.bytes_per_s
+
+    def wire(c: cost.Collective) -> float:
+        directions = 2 if c.op.removeprefix("mpi_") in ("sendrecv", "collective-permute") else 1
+        return max(cost.link_seconds(link, c) - directions * burst_s, 0.0)
+
+    return dataclasses.replace(machine, collective_s=lambda c: machine.collective_s(c) + wire(c), wire_s=wire,
+                               notes=machine.notes + (f"link {link.name}",))
+
+
+def replaced(cls, described: dict | None) -> bool:
+    """A pipeline result measured in the single-program (SPMD) form: the CPU runs one program
+    per stage (`implementation: mpmd`), which is what the model prices on simulated devices."""
+    return "pipeline_impl" in cls.options and (described or {}).get("implementation") != "mpmd"
+
+
+def predict_point(profile: dict, config: dict, env: dict,
+                  described: dict | None = None) -> tuple[cost.Prediction | None, str]:
+    """The prediction for one measured point (`described`: the result's strategy record), or
+    (None, why it is not covered)."""
     p = config["parallel"]
     cls = STRATEGIES[p["strategy"]]
     if env.get("process_count", 1) > 1:
         return None, "jax.distributed over processes: no profile of its collectives"
+    if replaced(cls, described):
+        return None, "implementation replaced: measured as one SPMD program, not one program per stage"
     one_thread = env.get("threads_per_process") == 1 or p.get("single_thread", False)
     compute = predictlib.compute_source(profile)
+    link = link_of(config)
     if cls.uses_mpi:
         machine = cost.mpi_ranks(profile, compute)
+        machine = on_link(machine, link) if link else machine
         devices = env.get("mpi_ranks", 1)
     else:
         machine = cost.simulated(profile, lambda key, _: compute(key, one_thread))
@@ -69,7 +112,8 @@ def predict_point(profile: dict, config: dict, env: dict) -> tuple[cost.Predicti
     axes, _ = predictlib.mesh_axes(cls.name, devices, p.get("mesh", ""), len(c.layers))
     problem = predictlib.problem(key, cls.name, axes, config["data"]["batch_size"], c,
                                  microbatches=p["microbatches"], schedule=p["schedule"],
-                                 sync_every=p.get("sync_every", 1))
+                                 sync_every=p.get("sync_every", 1),
+                                 implementation=(described or {}).get("implementation", "spmd"))
     work = cls.cost(problem)
     return cost.predict(work, machine, config["data"]["batch_size"], predictlib.cost_devices(axes) or 1), ""
 
@@ -92,11 +136,11 @@ def _check_rows(data_dir: str, _stamp: int) -> list[dict]:
     rows = []
     for study, pattern in STUDIES:
         for path in sorted(Path(data_dir).glob(pattern)):
-            point = path if study == "peers" else path.parent
-            r, measured = _measured(study, path)
+            point = path if path.is_dir() else path.parent
+            r, measured = _measured(path)
             p = r.config["parallel"]
             try:
-                pred, why = predict_point(profile, r.config, r.env)
+                pred, why = predict_point(profile, r.config, r.env, r.strategy)
             except (ConfigError, NotImplementedError) as e:
                 pred, why = None, str(e)
             processes = max(r.env.get("mpi_ranks", 1), r.env.get("process_count", 1))
@@ -109,7 +153,7 @@ def _check_rows(data_dir: str, _stamp: int) -> list[dict]:
                    "state_measured": r.metrics.get("state_bytes_per_device")}
             if pred is not None:
                 row.update(predicted_ms=1000 * pred.total_s, compute_ms=1000 * pred.compute_s,
-                           comm_ms=1000 * pred.comm_s, bubble_ms=1000 * pred.bubble_s,
+                           comm_ms=1000 * pred.comm_s, bubble_ms=1000 * pred.bubble_s, wire_ms=1000 * pred.wire_s,
                            state_predicted=pred.state_bytes,
                            error_profile=1000 * pred.total_s / measured - 1)
             rows.append(row)
@@ -120,15 +164,16 @@ def _check_rows(data_dir: str, _stamp: int) -> list[dict]:
 def _group(row: dict) -> tuple[str, str, bool]:
     """The points measured together: a study (a scaling mode), a model, and whether they ran
     on one thread per process (ranks) or on every core (the day's slowdown differs)."""
-    parts = row["point"].split("/")
-    mode = parts[2] if row["study"] == "scaling-ranks" else parts[1] if row["study"] == "scaling" else ""
+    part = MODE_PART.get(row["study"])
+    mode = row["point"].split("/")[part] if part else ""
     return f"{row['study']}{'/' + mode if mode else ''}", row["model"], row["one_thread"]
 
 
 def anchor(rows: list[dict]) -> None:
     """Scale each point's prediction by its group's `single` point (measured / predicted): one
     number per study and model that takes out how fast the machine ran that day against the
-    day of the profile (the same code measured 2.4x apart on this machine). Adds `scale`,
+    day of the profile (the same code measured 2.4x apart on this machine); time on an
+    emulated link's wire is the link's, not the machine's, and is not scaled. Adds `scale`,
     `anchored_ms` and `error` (anchored / measured - 1) to every predicted row and marks the
     anchors (`anchor`: their error is 0 by construction). A group without a `single` point
     (the pipeline study; ranks beside a study's every-core `single`) takes the median scale
@@ -145,8 +190,8 @@ def anchor(rows: list[dict]) -> None:
             continue
         fallback = by_model.get((r["model"], r["one_thread"])) or by_model.get(r["one_thread"], [1.0])
         scale = scales.get(_group(r)) or statistics.median(fallback)
-        r.update(scale=scale, anchored_ms=r["predicted_ms"] * scale,
-                 error=r["predicted_ms"] * scale / r["measured_ms"] - 1,
+        anchored = (r["predicted_ms"] - r["wire_ms"]) * scale + r["wire_ms"]
+        r.update(scale=scale, anchored_ms=anchored, error=anchored / r["measured_ms"] - 1,
                  anchor=any(r is a for a in anchors))
 
 
@@ -155,9 +200,8 @@ def summary(rows: list[dict]) -> list[dict]:
     of the anchored prediction (anchors left out), the points beyond 25%; the median |error|
     of the profile alone and the median scale (the study's speed over the profile's)."""
     out = []
-    for study in [s for s, _ in STUDIES] + ["all", WITHOUT]:
-        here = [r for r in rows if study in ("all", r["study"])
-                or (study == WITHOUT and r["strategy"] not in REWRITTEN)]
+    for study in [s for s, _ in STUDIES] + ["all"]:
+        here = [r for r in rows if study in ("all", r["study"])]
         covered = [r for r in here if "error" in r]
         errors = [abs(r["error"]) for r in covered if not r["anchor"]]
         median = lambda xs: statistics.median(xs) if xs else None  # noqa: E731

@@ -128,6 +128,8 @@ def predict_one(profile, key, strategy, devices, batch, device="cpu", link="meas
     axes, note = mesh_axes(strategy, devices, mesh, len(compute.layers))
     if not note:  # the strategy's own mesh: what it would refuse to run, it is not priced
         refused(strategy, model_config(key), axes, batch, mesh, options)
+    # pipelines run as `--pipeline-impl auto` runs them: one program per stage on a CPU
+    options = {"implementation": "mpmd" if device == "cpu" else "spmd", **options}
     work = STRATEGIES[strategy].cost(problem(key, strategy, axes, batch, compute, **options))
     pred = cost.predict(work, m, batch, max(1, cost_devices(axes)))
     return dataclasses.replace(pred, notes=pred.notes + ((note,) if note else ()))

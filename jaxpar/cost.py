@@ -11,8 +11,8 @@ memory per device, predicted from what the strategy states about itself
 
 How a machine turns a strategy's work into time:
 - dedicated devices (GPUs, hosts): the devices compute at once; the step's compute is the
-  busiest device's, a pipeline's the (M + S - 1) slots of its slowest stage (M of compute and
-  S - 1 of bubble);
+  busiest device's, a pipeline's M slots of its slowest stage and, as bubble, the fill and
+  drain: one micro-batch of each other stage ((S - 1) slots when the stages are equal);
 - simulated CPU devices share the machine's cores: one device's work is timed on every core
   (XLA's one intra-op pool), so D devices' work adds up (D x step(B/D) for data parallelism,
   not step(B/D)), and a pipeline's bubble costs nothing unless its critical path is longer
@@ -91,6 +91,7 @@ class Work:
     stage_s: tuple[float, ...] = ()          # pipeline: each stage's time per micro-batch
     microbatches: int = 1
     serial: bool = False                     # devices run one after another (layer-split)
+    programs: float = 0.0                    # programs the host dispatches per step (one per stage program)
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class Prediction:
     batch: int
     devices: int
     notes: tuple[str, ...] = ()
+    wire_s: float = 0.0    # of comm_s: bytes on a link's wire (not this machine's speed)
 
     @property
     def total_s(self) -> float:
@@ -236,6 +238,8 @@ class Machine:
     slots: int                 # how many devices' work runs at once (1: they share one pool)
     memory_bytes: float | None
     notes: tuple[str, ...] = ()
+    wire_s: Callable[[Collective], float] | None = None   # of collective_s: time on a link's wire
+    dispatch_s: float = 0.0    # the host's time per program it dispatches (host-driven pipelines)
 
 
 def fitted_seconds(fits: dict, op: str, group: int, nbytes: float) -> float:
@@ -280,10 +284,13 @@ def predict(work: Work, machine: Machine, batch: int, devices: int) -> Predictio
     """The step's time split into compute, exposed communication and bubble (see the module
     docstring for how each kind of machine adds devices' work)."""
     comm = sum(machine.collective_s(c) for c in work.collectives)
+    wire = sum(machine.wire_s(c) for c in work.collectives) if machine.wire_s else 0.0
     if work.stage_s:   # a pipeline: M micro-batches through S stages
         slowest = max(work.stage_s)
         dedicated = work.microbatches * slowest
-        bubble = (len(work.stage_s) - 1) * slowest
+        # fill and drain: each other stage's one micro-batch ((S - 1) slots of the slowest when
+        # the stages are equal; a stage much faster than the slowest idles less)
+        bubble = sum(work.stage_s) - slowest
         updates = max(work.device_s) if work.device_s else 0.0
         critical = dedicated + bubble + updates
         total_work = work.microbatches * sum(work.stage_s) + sum(work.device_s)
@@ -297,8 +304,9 @@ def predict(work: Work, machine: Machine, batch: int, devices: int) -> Predictio
     else:                          # devices share cores: their work adds up
         compute = total_work / machine.slots
         bubble = max(critical - compute, 0.0)
+    compute += work.programs * machine.dispatch_s   # the host's dispatches, on the same cores
     return Prediction(compute, comm, bubble, work.state_bytes, work.activation_bytes, batch, devices,
-                      machine.notes)
+                      machine.notes, wire)
 
 
 def load_profile(path) -> dict:
@@ -316,7 +324,8 @@ def simulated(profile: dict, model_compute: Callable[[str, bool], Compute]) -> M
     return Machine("simulated CPU devices", model_compute,
                    lambda c: c.count * fitted_seconds(fits, c.op, c.group, c.bytes) if c.group > 1 else 0.0,
                    slots=1, memory_bytes=None,
-                   notes=(f"simulated devices share {profile['cores']} cores: their work adds up",))
+                   notes=(f"simulated devices share {profile['cores']} cores: their work adds up",),
+                   dispatch_s=profile.get("dispatch_us", 0.0) / 1e6)
 
 
 def mpi_ranks(profile: dict, model_compute: Callable[[str, bool], Compute]) -> Machine:

@@ -6,8 +6,9 @@ machine. A new strategy brings its own function here (or on its class).
     work = COSTS["fsdp"](Problem(compute, {"data": 4}, batch=128))
 
 The pipeline's cost is its bound (docs/design.md, invariant 7): `single`'s compute split over
-the stages by the layers' measured times, the schedule's (S - 1) slots of bubble, and each
-tick's activation send; it does not model how today's implementation reaches it.
+the stages by the layers' measured times, the schedule's fill and drain, and the sends of the
+form it runs (`Problem.implementation`: one program per stage sends each micro-batch across
+each boundary; the single SPMD program shifts a buffer at every tick).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Problem:
     schedule: str = "gpipe"
     sync_every: int = 1
     model: dict = field(default_factory=dict)  # the model config (tensor's collective bytes)
+    implementation: str = "spmd"  # pipelines: one program ("spmd") or one per stage ("mpmd")
 
     def size(self, axis: str) -> int:
         return int(self.axes.get(axis, 1))
@@ -185,13 +187,35 @@ def layer_split(p: Problem) -> Work:
     sends = [Collective("collective-permute", c.layers[r[-1]].out_bytes_per_example * p.batch, 2, 2)
              for r in _stage_layers(p, s)[:-1]]
     state = max(sum(c.layers[i].param_bytes for i in r) for r in _stage_layers(p, s)) * 3
-    return Work(tuple(parts), tuple(sends), state, c.temp_bytes(p.batch) / s, serial=True)
+    return Work(tuple(parts), tuple(sends), state, c.temp_bytes(p.batch) / s, serial=True,
+                programs=_programs(s, 1, s))
+
+
+def _sends(p: Problem, ranges: list[range], rows: float, op: str) -> list[Collective]:
+    """The activations and their gradients between stages per step. One program per stage
+    (`mpmd`) and MPI ranks send each real micro-batch across each boundary once forward and
+    once back (its own bytes, 2M sends, between 2 devices); the single SPMD program shifts
+    the largest boundary's buffer at every one of its M + S - 1 ticks, both ways."""
+    c, s, m = p.compute, len(ranges), p.microbatches
+    if s <= 1:
+        return []
+    if p.implementation == "mpmd" or op.startswith("mpi_"):
+        return [Collective(op, c.layers[r[-1]].out_bytes_per_example * rows, 2, 2 * m) for r in ranges[:-1]]
+    boundary = max(c.layers[r[-1]].out_bytes_per_example for r in ranges[:-1]) * rows
+    return [Collective(op, boundary, s, 2 * (m + s - 1))]
+
+
+def _programs(stages: int, microbatches: int, updates: int) -> int:
+    """Programs the host dispatches per step when each stage is a program of its own: every
+    micro-batch a forward and a backward on each stage but the last, which runs both in one;
+    then each stage copy's update."""
+    return microbatches * (2 * stages - 1) + updates
 
 
 def pipeline(p: Problem, op: str = "collective-permute") -> Work:
     """The pipeline's bound: S stages of `single`'s layers (cut by FLOPs), each micro-batch of
-    B/(D*M) rows through every stage, (S - 1) slots of bubble, one activation send forward and
-    one gradient send backward per slot (the largest boundary's), the update once per step;
+    B/(D*M) rows through every stage, (S - 1) slots of bubble, the activations and their
+    gradients between stages (`_sends`), the update once per step;
     GPipe keeps M micro-batches' activations, 1F1B at most S. Tensor and data axes (hybrid)
     split each stage as `tensor` does and all-reduce the stage's gradient."""
     c, s, m, d, t = p.compute, p.size("stage"), p.microbatches, p.size("data"), p.size("tensor")
@@ -204,8 +228,7 @@ def pipeline(p: Problem, op: str = "collective-permute") -> Work:
         stage_s.append(seconds - update)
         stage_params.append(params)
     updates = tuple(c.update_s * q / max(c.param_bytes, 1) for q in stage_params)
-    boundary = max((c.layers[r[-1]].out_bytes_per_example for r in ranges[:-1]), default=0) * b / t
-    ops = [Collective(op, boundary, s, 2 * (m + s - 1))] if s > 1 else []
+    ops = _sends(p, ranges, b / t, op)
     if t > 1:
         ops += [Collective(o.op, o.bytes / s, t, o.count * m)
                 for o in _tensor_ops((p.model.get("model"), p.model.get("depth"), p.model.get("width")), int(b), t)]
@@ -213,7 +236,9 @@ def pipeline(p: Problem, op: str = "collective-permute") -> Work:
         ops.append(Collective("all-reduce", max(stage_params) + SUMS, d))
     in_flight = m if p.schedule == "gpipe" else min(m, s)
     act = max(sum(c.layers[i].out_bytes_per_example for i in r) for r in ranges) * b * in_flight * 2
-    return Work(updates, tuple(ops), max(stage_params) * 3, act, stage_s=tuple(stage_s), microbatches=m)
+    programs = d * _programs(s, m, s) if p.implementation == "mpmd" else 0
+    return Work(updates, tuple(ops), max(stage_params) * 3, act, stage_s=tuple(stage_s), microbatches=m,
+                programs=programs)
 
 
 def mpi_pipeline(p: Problem) -> Work:
@@ -221,8 +246,18 @@ def mpi_pipeline(p: Problem) -> Work:
 
 
 def gems(p: Problem) -> Work:
-    """GEMS: the pipeline's bound, two model copies in opposite directions, so each device
-    holds a stage of each: twice the fullest stage's state (stages are held in one layout
-    padded to the largest, as `pipeline`'s are)."""
+    """GEMS: the pipeline's bound, two model copies in opposite directions, so device d holds
+    stage d of one and stage S-1-d of the other: it holds and updates both (the SPMD form in
+    one layout padded to the largest stage, as `pipeline`'s: twice the fullest's state), and
+    after the schedule swaps both stages' gradients with device S-1-d, so that both copies
+    take the whole batch's gradient."""
     work = pipeline(p)
-    return dataclasses.replace(work, state_bytes=2 * work.state_bytes)
+    s, updates = len(work.device_s), work.device_s
+    params = [u / p.compute.update_s * p.compute.param_bytes if p.compute.update_s else 0.0 for u in updates]
+    both = tuple(updates[d] + updates[s - 1 - d] for d in range(s))
+    swaps = tuple(Collective("collective-permute", params[d] + params[s - 1 - d], 2, 2) for d in range(s // 2))
+    # one program per stage holds each stage at its own size; the SPMD layout pads to the largest
+    state = (max(params[d] + params[s - 1 - d] for d in range(s)) * 3 if p.implementation == "mpmd"
+             else 2 * work.state_bytes)
+    return dataclasses.replace(work, device_s=both, collectives=work.collectives + swaps, state_bytes=state,
+                               programs=work.programs + (s + len(swaps) if work.programs else 0))

@@ -9,6 +9,7 @@ What one profile holds (`RunResult.metrics`, kind "profile"):
                    alone; each layer's forward + backward time, FLOPs, parameter and output bytes
   kinds            achieved GFLOP/s per layer kind (dense, conv), summed over the models' layers
   matmul_peak_gflops   one device's f32 matmul (`measure.matmul_peak`)
+  dispatch_us      the host's time to dispatch one jitted program (`dispatch_us`)
   collectives      simulated devices: all-reduce, all-gather, reduce-scatter, ppermute on 2, 4
                    and 8 devices, each fitted as latency + bytes / bandwidth over message sizes
   mpi              the same for mpi4jax's allreduce, gather, bcast, sendrecv on 2 and 4 ranks
@@ -110,6 +111,22 @@ def update_ms(model: ModelConfig, iters: int) -> float:
     state = init_state(params, {}, tx)
     update = jax.jit(lambda s, g: tx.update(g, s.opt_state, s.params))
     return fastest_ms(measure.time_calls(lambda: update(state, params), iters))
+
+
+def dispatch_us(iters: int, calls: int = 100) -> float:
+    """The host's time to dispatch one jitted program to a device, in us: `calls` programs of
+    negligible work queued back to back, each taking the last one's output, waited for once.
+    The host-driven pipelines pay it for every stage program of every micro-batch."""
+    bump = jax.jit(lambda x: x + 1)
+    x = jnp.zeros((8,), jnp.float32)
+
+    def chain():
+        y = x
+        for _ in range(calls):
+            y = bump(y)
+        return y
+
+    return 1000.0 * fastest_ms(measure.time_calls(chain, iters)) / calls
 
 
 def abstract_layers(model: ModelConfig) -> list[dict]:
@@ -282,6 +299,7 @@ def profile(quick: bool = False, mpi: bool = True) -> dict:
     return {
         "cores": meshlib.cores_available(),
         "matmul_peak_gflops": measure.matmul_peak(jax.devices()[:1], n=1024 if quick else 2048)["gflops"],
+        "dispatch_us": dispatch_us(iters),
         "models": out_models,
         "kinds": kind_rates(out_models),
         "collectives": collective_profile(devices, sizes, iters),

@@ -4,7 +4,9 @@ the committed error table listing every committed point."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import statistics
 
 import pytest
 
@@ -13,7 +15,7 @@ from experiments import cost_check
 from experiments import predict as predictlib
 from experiments.__main__ import run
 from experiments.tables import TABLES
-from jaxpar import cost
+from jaxpar import cost, cost_strategies
 from jaxpar.cost_strategies import Problem
 from jaxpar.parallel import STRATEGIES
 
@@ -37,7 +39,7 @@ def test_a_quick_profile_measures_steps_layers_and_collectives(tmp_path):
         for n in ("2", "4", "8"):
             fit = m["collectives"][op][n]
             assert fit["bytes_per_s"] > 0 and fit["latency_s"] >= 0 and len(fit["points"]) == 2
-    assert m["matmul_peak_gflops"] > 0 and set(m["kinds"]) == {"dense"}
+    assert m["matmul_peak_gflops"] > 0 and set(m["kinds"]) == {"dense"} and m["dispatch_us"] > 0
     assert m["mpi"] == {} and m["mpi_note"] == "not asked"
 
 
@@ -77,8 +79,11 @@ def test_a_pipeline_on_dedicated_devices_pays_the_schedules_bubble():
         work = STRATEGIES["pipeline"].cost(problem)
         p = cost.predict(work, cost.cluster(lambda k, t: compute, cost.LINKS["nvlink"], None, "x"), 512, 4)
         slowest = max(work.stage_s)
-        assert p.bubble_s == pytest.approx(3 * slowest)
-        assert p.bubble_s / (p.bubble_s + p.compute_s - max(work.device_s)) == pytest.approx(3 / (m + 3))
+        # fill and drain: one micro-batch of every other stage; S - 1 slots of equal stages
+        assert p.bubble_s == pytest.approx(sum(work.stage_s) - slowest)
+        equal = dataclasses.replace(work, stage_s=(slowest,) * 4)
+        e = cost.predict(equal, cost.cluster(lambda k, t: compute, cost.LINKS["nvlink"], None, "x"), 512, 4)
+        assert e.bubble_s / (e.bubble_s + e.compute_s - max(work.device_s)) == pytest.approx(3 / (m + 3))
 
 
 def test_every_strategy_states_its_cost():
@@ -119,7 +124,8 @@ def test_the_error_table_lists_every_committed_point():
     for r in covered:
         assert r["error_profile"] == pytest.approx(r["predicted_ms"] / r["measured_ms"] - 1)
         assert r["error"] == pytest.approx(r["anchored_ms"] / r["measured_ms"] - 1)
-        assert r["anchored_ms"] == pytest.approx(r["predicted_ms"] * r["scale"])
+        # the machine's part scaled by the day's speed; an emulated link's wire time as it is
+        assert r["anchored_ms"] == pytest.approx((r["predicted_ms"] - r["wire_ms"]) * r["scale"] + r["wire_ms"])
     anchors = [r for r in covered if r["anchor"]]
     assert anchors and all(r["strategy"] == "single" and r["error"] == pytest.approx(0) for r in anchors)
     # one scale per study (and scaling mode) and model: every point of a group shares its anchor's
@@ -137,3 +143,78 @@ def test_the_error_table_lists_every_committed_point():
 def test_predict_refuses_what_cannot_run_naming_the_fix(args, needle, capsys):
     assert run(["predict", *args]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_the_bounds_study_is_checked_at_the_median_of_its_rounds_each_device_count_anchored():
+    rows = [r for r in cost_check.check_rows(DATA) if r["study"] == "bounds"]
+    assert rows and all("error" in r for r in rows)  # every point an mpmd pipeline, tensor or single
+    for r in rows:
+        rounds = [json.loads(p.read_text())["metrics"]["step_time_ms_median"]
+                  for p in sorted((DATA / r["point"]).glob("r*/result.json"))]
+        assert len(rounds) > 1 and r["measured_ms"] == pytest.approx(statistics.median(rounds))
+        single = next(a for a in rows if a["anchor"] and a["devices"] == r["devices"])
+        assert r["scale"] == single["scale"]  # each device count measured with its own single
+
+
+def test_the_network_studys_mpi_points_are_priced_on_their_link_and_jax_distributed_is_listed():
+    rows = [r for r in cost_check.check_rows(DATA) if r["study"] == "network"]
+    for r in rows:
+        mpi = STRATEGIES[r["strategy"]].uses_mpi
+        assert ("error" in r) == (mpi or r["strategy"] == "single"), r["point"]
+        if "error" not in r:
+            assert "jax.distributed" in r["why"]
+    # 2 ranks, one per host: the gradient's ring all-reduce puts its bytes once on the 1 Gbit/s
+    # wire, less the shaper's bucket (4 ms at the rate), which passes at once
+    point = next(r for r in rows if r["point"] == "network/1gbit/cnn-mpi-allreduce")
+    grad = predictlib.compute_source(PROFILE)("cnn").param_bytes + 12
+    assert point["wire_ms"] == pytest.approx(1000 * (grad - 1e9 / 8 / 250) / (1e9 / 8))
+    fast = next(r for r in rows if r["point"] == "network/10gbit/cnn-mpi-allreduce")
+    assert fast["wire_ms"] == 0  # the gradient fits in the 10 Gbit/s link's bucket
+    unshaped = next(r for r in rows if r["point"] == "network/unlimited/cnn-mpi-allreduce")
+    assert unshaped["wire_ms"] == 0 and point["comm_ms"] > unshaped["comm_ms"] + point["wire_ms"] * 0.99
+
+
+def test_pipelines_are_priced_in_the_form_they_were_measured():
+    result = json.loads((DATA / "bounds/points/2/pipeline-gpipe/r0/result.json").read_text())
+    assert result["strategy"]["implementation"] == "mpmd"
+    pred, why = cost_check.predict_point(PROFILE, result["config"], result["env"], result["strategy"])
+    assert pred is not None and why == ""
+    spmd = {**result["strategy"], "implementation": "spmd"}
+    assert cost_check.predict_point(PROFILE, result["config"], result["env"], spmd) == (
+        None, "implementation replaced: measured as one SPMD program, not one program per stage")
+    # one program per stage sends each real micro-batch over each boundary, forward and back;
+    # the SPMD program shifts the largest boundary at every tick
+    compute = predictlib.compute_source(PROFILE)("cnn")
+    for impl, count in (("mpmd", 2 * 8), ("spmd", 2 * (8 + 4 - 1))):
+        work = STRATEGIES["pipeline"].cost(Problem(compute, {"stage": 4}, 128, microbatches=8,
+                                                   model={"model": "cnn"}, implementation=impl))
+        sends = [c for c in work.collectives if c.op == "collective-permute"]
+        assert {c.count for c in sends} == {count}
+        assert len(sends) == (3 if impl == "mpmd" else 1)
+
+
+def test_gems_updates_both_copies_and_swaps_every_stages_gradient():
+    compute = predictlib.compute_source(PROFILE)(STACK)
+    problem = Problem(compute, {"stage": 4}, 512, microbatches=8, model={"model": "stack-mlp"}, implementation="mpmd")
+    one, two = STRATEGIES["pipeline"].cost(problem), STRATEGIES["gems"].cost(problem)
+    assert sum(two.device_s) == pytest.approx(2 * sum(one.device_s))
+    # device d holds stage d of one copy and stage S-1-d of the other, each at its own size
+    # (the SPMD layout pads both to the largest)
+    stages = [sum(compute.layers[i].param_bytes for i in r) for r in cost_strategies._stage_layers(problem, 4)]
+    assert two.state_bytes == pytest.approx(3 * max(stages[d] + stages[3 - d] for d in range(4)))
+    spmd = dataclasses.replace(problem, implementation="spmd")
+    assert STRATEGIES["gems"].cost(spmd).state_bytes == 2 * STRATEGIES["pipeline"].cost(spmd).state_bytes
+    swaps = [c for c in two.collectives if c not in one.collectives]
+    assert sum(c.bytes * c.count for c in swaps) == pytest.approx(2 * compute.param_bytes)
+
+
+def test_the_host_pays_a_dispatch_for_every_stage_program_it_drives():
+    compute = predictlib.compute_source(PROFILE)("cnn")
+    machine = cost.simulated({**PROFILE, "dispatch_us": 50.0}, lambda k, t: compute)
+    without = cost.simulated({**PROFILE, "dispatch_us": 0.0}, lambda k, t: compute)
+    for impl, programs in (("mpmd", 8 * (2 * 4 - 1) + 4), ("spmd", 0)):
+        work = STRATEGIES["pipeline"].cost(Problem(compute, {"stage": 4}, 128, microbatches=8,
+                                                   model={"model": "cnn"}, implementation=impl))
+        assert work.programs == programs
+        extra = cost.predict(work, machine, 128, 4).compute_s - cost.predict(work, without, 128, 4).compute_s
+        assert extra == pytest.approx(programs * 50e-6)
