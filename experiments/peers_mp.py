@@ -60,8 +60,8 @@ def entries(config) -> dict[str, Entry]:
                 on_ranks=False)}
     found["torch-tp"] = Entry("pytorch", "DTensor tensor parallel: the Megatron pair of Linear layers split, "
                                          "the rest replicated")
-    found["jaxpar-tensor-ranks"] = Entry("jaxpar", "tensor over the ranks (the CNN: its conv pair split by "
-                                                   "channels, the rest replicated)", "torch-tp", "tensor")
+    found["jaxpar-tensor-ranks"] = Entry("jaxpar", "tensor over the ranks (the CNN: every layer split, "
+                                                   "conv1 over the batch's rows)", "torch-tp", "tensor")
     return found
 
 

@@ -28,7 +28,7 @@ from experiments.torch_point import TorchPoint
 # The Megatron pair PyTorch's tensor parallelism splits in each twin (column-parallel, then
 # row-parallel: one all-reduce forward, one backward); everything else is replicated. DTensor
 # shards a convolution only along the batch (its sharding rules replicate the kernel), so a
-# conv layer cannot be split by channels as jaxpar's `tensor` splits the CNN's conv pair.
+# conv layer cannot be split by channels as jaxpar's `tensor` splits the CNN's conv2.
 TP_PLANS = {"mlp": {"hidden.0": "colwise", "hidden.1": "rowwise"},
             "cnn": {"fc1": "colwise", "fc2": "rowwise"}}
 
