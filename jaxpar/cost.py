@@ -17,7 +17,11 @@ How a machine turns a strategy's work into time:
   (XLA's one intra-op pool), so D devices' work adds up (D x step(B/D) for data parallelism,
   not step(B/D)), and a pipeline's bubble costs nothing unless its critical path is longer
   than the sum (an idle stage leaves its cores to the others);
-- MPI ranks run one pinned thread each: their one-thread work adds up over min(ranks, cores).
+- MPI ranks run one pinned thread each: their one-thread work adds up over min(ranks, cores);
+  more ranks than cores: a rank that waits in MPI polls (MPICH's default) and keeps its share
+  of a core, so every rank runs at cores / ranks of a core for the whole step and the
+  critical path (a pipeline's slowest stage, the parameter server's rank 0) stretches by
+  ranks / cores.
 Communication is not overlapped with compute (XLA:CPU runs both on the same threads; on a
 cluster this is the upper bound) and is priced per collective from the profile's measured
 message sizes or, on a link, by the formulas of `link_seconds`.
@@ -261,6 +265,7 @@ class Machine:
     notes: tuple[str, ...] = ()
     wire_s: Callable[[Collective], float] | None = None   # of collective_s: time on a link's wire
     dispatch_s: float = 0.0    # the host's time per program it dispatches (host-driven pipelines)
+    busy_wait: bool = False    # a device that waits holds its core (MPI ranks polling)
 
 
 def fitted_seconds(fits: dict, op: str, group: int, nbytes: float) -> float:
@@ -324,6 +329,8 @@ def predict(work: Work, machine: Machine, batch: int, devices: int) -> Predictio
         compute = critical - bubble
     else:                          # devices share cores: their work adds up
         compute = total_work / machine.slots
+        if machine.busy_wait:      # waiting ranks spin on their share: each runs at slots/devices
+            critical *= devices / machine.slots
         bubble = max(critical - compute, 0.0)
     compute += work.programs * machine.dispatch_s   # the host's dispatches, on the same cores
     return Prediction(compute, comm, bubble, work.state_bytes, work.activation_bytes, batch, devices,
@@ -354,7 +361,7 @@ def mpi_ranks(profile: dict, model_compute: Callable[[str, bool], Compute]) -> M
     fits = profile["mpi"]
     return Machine("MPI ranks (one thread each)", lambda key, _: model_compute(key, True),
                    lambda c: c.count * fitted_seconds(fits, c.op, c.group, c.bytes) if c.group > 1 else 0.0,
-                   slots=profile["cores"], memory_bytes=None,
+                   slots=profile["cores"], memory_bytes=None, busy_wait=True,
                    notes=(f"ranks run one thread each on {profile['cores']} cores",))
 
 
