@@ -17,7 +17,11 @@ How a machine turns a strategy's work into time:
   (XLA's one intra-op pool), so D devices' work adds up (D x step(B/D) for data parallelism,
   not step(B/D)), and a pipeline's bubble costs nothing unless its critical path is longer
   than the sum (an idle stage leaves its cores to the others);
-- MPI ranks run one pinned thread each: their one-thread work adds up over min(ranks, cores).
+- MPI ranks run one pinned thread each: their one-thread work adds up over min(ranks, cores);
+  more ranks than cores: a rank that waits in MPI polls (MPICH's default) and keeps its share
+  of a core, so every rank runs at cores / ranks of a core for the whole step and the
+  critical path (a pipeline's slowest stage, the parameter server's rank 0) stretches by
+  ranks / cores.
 Communication is not overlapped with compute (XLA:CPU runs both on the same threads; on a
 cluster this is the upper bound) and is priced per collective from the profile's measured
 message sizes or, on a link, by the formulas of `link_seconds`.
@@ -141,6 +145,20 @@ def _interp(xs, ys, x: float) -> float:
     return float(max(ys[i] + slope * (x - xs[i]), 0.05 * ys[0]))
 
 
+def step_line(xs, ys) -> Callable[[float], float]:
+    """A step's time against its batch as one line (a fixed part + a per-example part) fitted
+    by least squares through every measured batch (relative errors, so that the small batches
+    a split device runs count as much as the large ones): one batch's timing noise (e.g. a
+    step at 16 rows 3x faster than at 32 while the cost per example is flat) then no longer
+    decides the step of every device count that lands near it. Fewer than 3 points: through
+    them (`_interp`)."""
+    xs, ys = np.asarray(xs, float), np.asarray(ys, float)
+    if len(xs) < 3:
+        return lambda x: _interp(xs, ys, x)
+    slope, fixed = np.polyfit(xs, ys, 1, w=1 / ys)
+    return lambda x: float(max(slope * x + fixed, 0.05 * ys[0]))
+
+
 @dataclass(frozen=True)
 class Layer:
     name: str
@@ -188,23 +206,30 @@ class Compute:
         return self.backprop_s(batch) * sum(shares[i] for i in layers) + self.update_s * params
 
 
+def _typical_ms(steps: dict) -> list[float]:
+    """The profile's median step at each batch (the studies report each point's median step,
+    and the profile is taken on a quiet machine, as they are); the fastest where a profile has
+    no medians."""
+    return steps.get("step_ms_median") or steps["step_ms"]
+
+
 def profiled_compute(entry: dict, key: str, one_thread: bool = False, leaf_bytes=()) -> Compute:
     """A model's `Compute` from a profile entry (`jaxpar.profiling`); `one_thread`: the
     one-thread step times (an MPI rank's)."""
     steps = entry["steps_one_thread"] if one_thread and "steps_one_thread" in entry else entry["steps"]
-    batches = steps["batch"]
-    ms = steps["step_ms"]
+    line = step_line(steps["batch"], _typical_ms(steps))
     scale = 1.0
     if one_thread and "steps_one_thread" in entry:  # the update on one thread, in proportion
         every_core = entry["steps"]
-        scale = _interp(batches, ms, batches[0]) / _interp(every_core["batch"], every_core["step_ms"], batches[0])
+        first = steps["batch"][0]
+        scale = line(first) / step_line(every_core["batch"], _typical_ms(every_core))(first)
     layers = []
     for layer in entry["layers"]:
         xs = sorted(int(b) for b in layer["ms"])
         ys = [layer["ms"][str(b)] / 1000 for b in xs]
         layers.append(Layer(layer["name"], layer["kind"], layer["flops_per_example"], layer["param_bytes"],
                             layer["out_bytes_per_example"], lambda b, xs=xs, ys=ys: _interp(xs, ys, b)))
-    return Compute(key, lambda b: _interp(batches, ms, b) / 1000, entry["update_ms"] * scale / 1000,
+    return Compute(key, lambda b: line(b) / 1000, entry["update_ms"] * scale / 1000,
                    tuple(layers), lambda b: _interp(entry["steps"]["batch"], entry["steps"]["temp_bytes"], b),
                    "measured" + (" (one thread)" if one_thread else ""), tuple(leaf_bytes))
 
@@ -240,6 +265,7 @@ class Machine:
     notes: tuple[str, ...] = ()
     wire_s: Callable[[Collective], float] | None = None   # of collective_s: time on a link's wire
     dispatch_s: float = 0.0    # the host's time per program it dispatches (host-driven pipelines)
+    busy_wait: bool = False    # a device that waits holds its core (MPI ranks polling)
 
 
 def fitted_seconds(fits: dict, op: str, group: int, nbytes: float) -> float:
@@ -303,6 +329,8 @@ def predict(work: Work, machine: Machine, batch: int, devices: int) -> Predictio
         compute = critical - bubble
     else:                          # devices share cores: their work adds up
         compute = total_work / machine.slots
+        if machine.busy_wait:      # waiting ranks spin on their share: each runs at slots/devices
+            critical *= devices / machine.slots
         bubble = max(critical - compute, 0.0)
     compute += work.programs * machine.dispatch_s   # the host's dispatches, on the same cores
     return Prediction(compute, comm, bubble, work.state_bytes, work.activation_bytes, batch, devices,
@@ -333,7 +361,7 @@ def mpi_ranks(profile: dict, model_compute: Callable[[str, bool], Compute]) -> M
     fits = profile["mpi"]
     return Machine("MPI ranks (one thread each)", lambda key, _: model_compute(key, True),
                    lambda c: c.count * fitted_seconds(fits, c.op, c.group, c.bytes) if c.group > 1 else 0.0,
-                   slots=profile["cores"], memory_bytes=None,
+                   slots=profile["cores"], memory_bytes=None, busy_wait=True,
                    notes=(f"ranks run one thread each on {profile['cores']} cores",))
 
 

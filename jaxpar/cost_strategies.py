@@ -91,12 +91,12 @@ def local_sgd(p: Problem) -> Work:
 
 
 def mpi_param_server(p: Problem) -> Work:
-    """Ranks compute gradients of B/R rows; rank 0 gathers them, updates, broadcasts the state."""
+    """Ranks compute gradients of B/R rows; rank 0 gathers them, updates, broadcasts the state.
+    Every rank runs the update (the others a throw-away one of the same shape, replaced by the
+    broadcast: `MpiParamServer._step`), so each rank's compute is a whole step at B/R."""
     c, r = p.compute, p.size("data")
-    grads = c.backprop_s(p.batch / r)
     ops = [Collective("mpi_gather", c.param_bytes + SUMS, r), Collective("mpi_bcast", c.state_bytes + SUMS, r)]
-    return Work((grads + c.update_s,) + (grads,) * (r - 1), tuple(ops), c.state_bytes,
-                c.temp_bytes(p.batch / r))
+    return Work((c.step_s(p.batch / r),) * r, tuple(ops), c.state_bytes, c.temp_bytes(p.batch / r))
 
 
 # --- model parallel --------------------------------------------------------------------

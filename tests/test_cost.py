@@ -72,6 +72,29 @@ def test_simulated_devices_add_their_work_and_dedicated_ones_do_not():
     assert dedicated.comm_s == pytest.approx(sum(4 * link.latency_s + 1.5 * b / link.bytes_per_s for b in arrays))
 
 
+def test_a_step_is_one_line_through_the_profiles_median_steps():
+    steps = PROFILE["models"]["cnn"]["steps"]
+    compute = predictlib.compute_source(PROFILE)("cnn")
+    at = [compute.step_s(b) * 1000 for b in (8, 100, 300)]
+    assert at[1] - at[0] == pytest.approx((at[2] - at[1]) * 92 / 200)   # affine in the batch
+    # least squares in relative error through the medians: within the medians' own scatter
+    assert statistics.median(abs(compute.step_s(b) * 1000 / m - 1)
+                             for b, m in zip(steps["batch"], steps["step_ms_median"])) < 0.25
+    line = cost.step_line([8, 16, 32], [2.0, 3.0, 5.0])
+    assert line(64) == pytest.approx(9.0)
+
+
+def test_ranks_beyond_the_cores_stretch_the_critical_path():
+    compute = predictlib.compute_source(PROFILE)("cnn")
+    ranks = cost.mpi_ranks(PROFILE, lambda key, _: compute)
+    work = cost.Work((3.0, 1.0, 1.0, 1.0))          # one rank's extra work (a parameter server's update)
+    p = cost.predict(work, ranks, 128, 4)
+    assert p.compute_s == pytest.approx(6.0 / 2)    # every rank's work over 2 cores
+    assert p.bubble_s == pytest.approx(3.0 * 4 / 2 - 3.0)   # rank 0 runs at 2/4 of a core
+    two = cost.predict(cost.Work((3.0, 1.0)), ranks, 128, 2)
+    assert two.compute_s + two.bubble_s == pytest.approx(3.0)   # a core each: no stretch
+
+
 def test_a_pipeline_on_dedicated_devices_pays_the_schedules_bubble():
     compute = predictlib.compute_source(PROFILE)(STACK)
     for m in (1, 4, 16):
