@@ -81,11 +81,10 @@ cluster-tools:
 	  fi; \
 	fi
 
-MPI_RANKS ?= 2
+# tests/mpi runs under mpiexec from inside the suite (tests/test_mpi_launch.py: 2 ranks, then
+# 4, and 2 of 2 devices each), beside the other worker's files
 test: install $(VENV)/.mpi-installed $(VENV)/.demo-installed browser cluster-tools
 	$(PY) -m pytest -q -n 2 --dist loadfile $(ARGS)
-	JAX_PLATFORMS=cpu JAXPAR_EXPECT_RANKS=$(MPI_RANKS) timeout 600 \
-	  $(VENV)/bin/mpiexec -n $(MPI_RANKS) $(PY) -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -136,13 +136,26 @@ def test_a_bad_option_is_reported_once_per_job(tmp_path, strategy):
 
 
 @needs_mpiexec
+def test_the_mpi_suite_on_two_ranks():
+    """tests/mpi on 2 ranks of one device each, the world the suite's multi-process tests are
+    written for (launched from here, so that it runs beside the other pytest worker's files)."""
+    proc = subprocess.run(
+        ["timeout", "-s", "KILL", "600", str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpi4py",
+         "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/mpi"],
+        cwd=ROOT, env=mpi_env(JAXPAR_EXPECT_RANKS="2"), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert " failed" not in proc.stdout and " passed" in proc.stdout
+
+
+@needs_mpiexec
 @pytest.mark.parametrize("ranks,devices", [(4, 1), (2, 2)])
 def test_model_parallel_equals_single_on_more_ranks_and_devices(ranks, devices):
-    """tests/mpi/test_model_parallel.py on 4 ranks (the strategies whose stages or shards follow
-    the world: pipelines, layer-split, hybrid, tensor), and all of it on 2 ranks of 2 devices
-    each (tensor within a process, stages across), the world size asserted."""
+    """tests/mpi/test_model_parallel.py on 4 ranks (stages and shards that follow the world:
+    each kind of pipeline under 1F1B, mpi-pipeline's bytes and bubble, tensor; CI time keeps
+    the rest to 2 ranks), and all of it on 2 ranks of 2 devices each (tensor within a
+    process, stages across), the world size asserted."""
     env = mpi_env(JAXPAR_EXPECT_RANKS=str(ranks), JAXPAR_MPI_DEVICES=str(devices))
-    only = ["-k", "pipeline or layer or hybrid or tensor and not auto or world_size"] if ranks > 2 else []
+    only = ["-k", "1f1b or (tensor and not auto) or bytes or world_size"] if ranks > 2 else []
     proc = subprocess.run(
         ["timeout", "-s", "KILL", "500", str(MPIEXEC), "-n", str(ranks), sys.executable, "-m",
          "mpi4py", "-m", "pytest", "-q", "-p", "no:cacheprovider", *only, "tests/mpi/test_model_parallel.py",

@@ -85,27 +85,28 @@ def test_bad_options_exit_2_with_the_fix_and_write_nothing(tmp_path, capsys, fla
 
 
 def test_model_parallel_rows_on_the_cnn_follow_singles_trajectory(tmp_path):
-    """The seeds' comparison in small: the CNN (no batch norm) under layer-split, pipeline
-    (1F1B), gems and tensor on 2 simulated devices and mpi-pipeline on 2 ranks trains on
-    single's global batches, so it reaches the target at single's step along single's
-    validation curve; the stages and shards hold less state per device."""
+    """The seeds' comparison in small: the CNN (no batch norm) under pipeline (1F1B) and
+    tensor on 2 simulated devices and mpi-pipeline on 2 ranks trains on single's global
+    batches, so it reaches the target at single's step along single's validation curve; the
+    stages and shards hold less state per device. (layer-split and gems: CI time; their
+    equality with single is tested in their own files.)"""
     from experiments import time_to_accuracy as tta
 
     config = dataclasses.replace(
         tta.QUICK, models=("cnn",), width=None, depth=None, targets=("cnn=0.45",), batch_size=24,
-        strategies=("single", "layer-split", "pipeline", "gems", "tensor", "mpi-pipeline"),
+        strategies=("single", "pipeline", "tensor", "mpi-pipeline"),
         schedules=("1f1b",), synthetic_size=600, val_size=120, out=str(tmp_path / "tta"))
     tta.run(config)
     rows, data = _rows(tmp_path / "tta")
     single = rows.pop("single")
-    assert single["reached"] and set(rows) == {"layer-split", "pipeline", "gems", "tensor", "mpi-pipeline"}
+    assert single["reached"] and set(rows) == {"pipeline", "tensor", "mpi-pipeline"}
     assert rows["pipeline"]["label"] == "pipeline (1f1b)" and rows["pipeline"]["devices"] == 2
     assert (rows["mpi-pipeline"]["ranks"], rows["mpi-pipeline"]["devices"]) == (2, 2)
     for name, r in rows.items():
         assert r["steps"] == single["steps"], name
         for a, b in zip(single["curve"], r["curve"], strict=True):
             assert abs(a["val_accuracy"] - b["val_accuracy"]) <= 2 / config.val_size, name
-    for name in ("layer-split", "pipeline", "tensor", "mpi-pipeline"):
+    for name in ("pipeline", "tensor", "mpi-pipeline"):
         assert rows[name]["state_bytes_per_device"] < single["state_bytes_per_device"], name
     summary = (tmp_path / "tta" / "summary.md").read_text()
     assert "| cnn | pipeline (1f1b) | 2 |" in summary and "| cnn | mpi-pipeline (1f1b) | 2 ranks |" in summary
