@@ -15,9 +15,9 @@ once in the backward pass, unless nothing needs it (the CNN's first conv reads t
   keeps a slice of its output channels, fc1 a slice of its output features after one
   all-gather of the channels, fc2 the matching slice of its input rows, whose partial logits
   are summed and scattered over the batch (one reduce-scatter), so the loss reads B/T rows
-  (the batch is sharded over TENSOR as well as DATA). Backward, each all-gather's transpose reduce-scatters the gradient and the
-  reduce-scatter's all-gathers it; the replicated conv1/bn1 and fc2's bias all-reduce their
-  gradients. Measured on 4 simulated CPU devices this ran ~1.4x `single` where the split of
+  (the batch is sharded over TENSOR as well as DATA). Backward, each all-gather's transpose
+  reduce-scatters the gradient and the reduce-scatter's all-gathers it; the replicated
+  conv1/bn1 and fc2's bias all-reduce their gradients. Measured on 4 simulated CPU devices this ran ~1.4x `single` where the split of
   conv2 by input channels (its partial sums reduce-scattered, the head repeated on every
   device) ran 3.1x: each device's convolutions keep their whole input depth.
 - ResNet: in each basic block conv1 (+bn1) by output, conv2 by input; bn2, the projection
@@ -28,7 +28,7 @@ once in the backward pass, unless nothing needs it (the CNN's first conv reads t
 Batch norm per channel sees the same (local) batch whether its channels are split or not,
 so the split changes no statistic.
 
-    spec = leaf_spec("conv1", "kernel")                  # a ResNet block's: P(None, None, None, 'tensor')
+    spec = leaf_spec("conv1", "kernel")    # a ResNet block's: P(None, None, None, 'tensor')
     h = block(basic_block, h, train)                      # inside shard_map over TENSOR
 """
 

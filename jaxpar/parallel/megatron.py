@@ -7,7 +7,8 @@ of its kernel, and its partial products are summed with one `psum` over TENSOR b
 (replicated) bias is added once. The block input is cast to tensor-varying once (Megatron's
 `f`), so the backward pass has exactly one all-reduce per sub-block too. LayerNorms stay
 replicated. Convolutions split the same way by channels (`jaxpar.parallel.channels`: the
-CNN, whose every layer splits, and the ResNet's blocks); `param_spec` and `split_layers` say how any model splits.
+CNN, whose every layer splits, and the ResNet's blocks); `param_spec` and `split_layers`
+say how any model splits.
 
     spec = leaf_spec("up", "kernel")            # P(None, 'tensor')
     h = block(block_module, h)                  # inside shard_map, on this device's shard

@@ -8,8 +8,9 @@ products meet in one `psum` over TENSOR, one all-reduce per sub-block forward an
 backward. Each ResNet block's conv pair splits the same way by channels (first conv by
 output channels, second by input channels, one all-reduce); the CNN splits every layer
 (conv1 over the batch's rows, conv2 and fc1 by output channels and features, fc2 by input
-rows, reduce-scattered over the batch; `jaxpar.parallel.channels`). Stems, heads, LayerNorms and the position embedding are replicated. A DATA
-axis, if the mesh has one, shards the batch (batch norm then normalises per data shard).
+rows, reduce-scattered over the batch; `jaxpar.parallel.channels`). Stems, heads,
+LayerNorms and the position embedding are replicated. A DATA axis, if the mesh has one,
+shards the batch (batch norm then normalises per data shard).
 
     python -m experiments train --strategy tensor --mesh tensor=2 --devices 2 --model cnn \
         --dataset synthetic --steps 20
@@ -18,6 +19,7 @@ axis, if the mesh has one, shards the batch (batch norm then normalises per data
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import optax
@@ -99,8 +101,7 @@ class _TensorBase(Strategy):
         self.shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), self.specs,
                                       is_leaf=lambda x: isinstance(x, P))
         self.batch_axes = self._batch_axes(shape)
-        self.batch_spec = P(self.batch_axes if len(self.batch_axes) > 1 else self.batch_axes[0]) \
-            if self.batch_axes else P()
+        self.batch_spec = P(self.batch_axes) if self.batch_axes else P()
         self.replicated = NamedSharding(mesh, P())
         self.batch_sharding = NamedSharding(mesh, self.batch_spec)
         self._build_programs()
@@ -116,8 +117,8 @@ class _TensorBase(Strategy):
         return (DATA,) if DATA in shape else ()
 
     def rows_multiple(self) -> int:
-        # the CNN's conv1 and logits are on B/T rows per device (`channels.scatters_rows`)
-        return self.data * (self.degree if channels.scatters_rows(self.model) else 1)
+        # every mesh axis the batch's rows are sharded over divides them
+        return math.prod(meshlib.mesh_shape(self.mesh)[axis] for axis in self.batch_axes)
 
     def place_batch(self, batch):
         return processes.place(self.pad(batch), self.batch_sharding)
