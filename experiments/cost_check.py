@@ -216,3 +216,41 @@ def summary(rows: list[dict]) -> list[dict]:
                     "scale": median([r["scale"] for r in covered])})
     return out
 
+
+
+# --- the assumed H100 against a measured one ------------------------------------------------
+
+H100_PROFILE = "cost-h100/profile.json"   # measured on a lent H100 node (experiments/measure_node.sh)
+H100_BATCHES = (16, 128, 256)
+
+
+def _one_device_ms(data_dir: Path, device_kind: str) -> dict:
+    """{(model key, batch): ms} of the machine command's one-device rows on `device_kind`."""
+    found = {}
+    for path in sorted(data_dir.glob("machines/*/machine.json")):
+        r = results.load(path)
+        if r.env.get("device_kind") == device_kind:
+            for row in r.metrics["rows"]:
+                if row["part"] == "one-device":
+                    key = model_key({"model": row["model"], "depth": r.config["depth"], "width": r.config["width"]})
+                    found[(key, row["batch"])] = row["ms"]
+    return found
+
+
+def assumed_h100_rows(data_dir: Path) -> list[dict]:
+    """`single`'s step on the assumed H100 (this machine's profile carried to
+    `jaxpar.cost.DEVICES['h100']`, as the extrapolation figure uses it) beside the step an H100
+    profile measured, for each model that profile holds at H100_BATCHES; with the machine
+    command's one-device step on the same kind of device, where it measured one."""
+    data_dir = Path(data_dir)
+    gpu = predictlib.load(str(data_dir / H100_PROFILE))
+    assumed = predictlib.compute_source(predictlib.load(str(data_dir / PROFILE)), "h100")
+    machine_ms = _one_device_ms(data_dir, gpu["env"]["device_kind"])
+    rows = []
+    for key, entry in gpu["models"].items():
+        for b, ms in zip(entry["steps"]["batch"], entry["steps"]["step_ms_median"]):
+            if b in H100_BATCHES:
+                predicted = 1000 * assumed(key).step_s(b)
+                rows.append({"model": key, "batch": b, "measured_ms": ms, "assumed_ms": predicted,
+                             "ratio": predicted / ms, "machine_ms": machine_ms.get((key, b))})
+    return rows

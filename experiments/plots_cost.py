@@ -108,7 +108,7 @@ def scaling_extrapolated(loaded: dict, out: Path) -> Path:
     for row, key in enumerate((CNN, WIDE)):
         series = scaling_series(profile, key, DEVICE, LINK, COUNTS)
         base = series["single"][0][1]
-        local = scaling_series(profile, key, "cpu", "measured", LOCAL_COUNTS) if key == CNN else {}
+        local = scaling_series(profile, key, predictlib.PROFILED, "measured", LOCAL_COUNTS) if key == CNN else {}
         for name, points in series.items():
             st = style[name]
             for col, value in enumerate((lambda n, ips: ips, lambda n, ips: ips / (n * base))):

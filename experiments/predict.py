@@ -4,12 +4,13 @@
     python -m experiments plan --model stack-mlp --depth 16 --width 8192 --devices 64 \\
         --memory 80GB --link nvlink
 
-The machine: `--device cpu` is this machine's profile (the profiled models' measured step and
-layer times; others from their FLOPs at the profile's achieved rate per layer kind) as if each
-device had the machine to itself; `--device h100` is an assumed H100 (jaxpar.cost.DEVICES),
-computing each layer kind at the fraction of its peak this machine reaches of its own matmul
-peak. `--link measured` prices collectives as this machine's simulated devices measured them;
-10gbit, 100gbit, nvlink are assumed links (jaxpar.cost.LINKS).
+The machine: `--device profiled` is the device `--profile` measured (this machine's CPU by
+default; figures/data/cost-h100/profile.json is a measured H100): the profiled models' measured
+step and layer times, others from their FLOPs at the profile's achieved rate per layer kind, as
+if each device had the machine to itself; `--device h100` is an assumed H100
+(jaxpar.cost.DEVICES), computing each layer kind at the fraction of its peak the profiled
+machine reaches of its own matmul peak. `--link measured` prices collectives as the profile's
+simulated devices measured them; 10gbit, 100gbit, nvlink are assumed links (jaxpar.cost.LINKS).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from jaxpar.parallel import STRATEGIES
 
 PROFILE = "figures/data/cost/profile.json"   # the committed profile of this machine
 LINK_CHOICES = ("measured", *cost.LINKS)
-DEVICE_CHOICES = ("cpu", *cost.DEVICES)
+PROFILED = "profiled"   # the device the profile measured
+DEVICE_CHOICES = (PROFILED, *cost.DEVICES)
 MPI_AXIS = {"mpi-allreduce": "data", "mpi-param-server": "data", "mpi-pipeline": "stage"}
 
 
@@ -43,9 +45,9 @@ def load(path: str) -> dict:
 _SOURCES: dict = {}
 
 
-def compute_source(profile: dict, device: str = "cpu"):
-    """(model key, one thread?) -> Compute: measured for profiled models on this machine's
-    CPU, else from the layers' FLOPs at an achieved rate per layer kind. One per profile
+def compute_source(profile: dict, device: str = PROFILED):
+    """(model key, one thread?) -> Compute: measured for profiled models on the profile's
+    device, else from the layers' FLOPs at an achieved rate per layer kind. One per profile
     (`load` keeps one dict per file) and device, so its models are built once."""
     if (id(profile), device) not in _SOURCES:
         _SOURCES[(id(profile), device)] = _compute_source(profile, device)
@@ -63,11 +65,11 @@ def _compute_source(profile: dict, device: str):
     @functools.lru_cache(maxsize=64)
     def compute(key: str, one_thread: bool = False) -> cost.Compute:
         leaves = profiling.param_leaf_bytes(model_config(key))
-        if device == "cpu" and key in models:
+        if device == PROFILED and key in models:
             return cost.profiled_compute(models[key], key, one_thread, leaves)
         layers = profiling.abstract_layers(model_config(key))
-        if device == "cpu":
-            return cost.flops_compute(key, layers, kinds, cpu_bandwidth, "FLOPs at this CPU's achieved rates",
+        if device == PROFILED:
+            return cost.flops_compute(key, layers, kinds, cpu_bandwidth, "FLOPs at the profile's achieved rates",
                                       leaves)
         d = cost.DEVICES[device]
         rates = {k: r / peak * d.peak_gflops for k, r in kinds.items()}
@@ -89,7 +91,11 @@ def machine(profile: dict, device: str, link: str, memory: float | None, ranks: 
     compute = compute_source(profile, device)
     if ranks:
         return cost.mpi_ranks(profile, compute)
-    if device == "cpu" and link == "measured":
+    if device == PROFILED and link == "measured":
+        if not profile["collectives"]:
+            raise ConfigError(f"--link measured: this profile measured no collectives (one "
+                              f"{profile['env'].get('backend', '?')} device); pick an assumed link: "
+                              f"{', '.join(cost.LINKS)}")
         return cost.simulated(profile, compute)
     if link == "measured":
         raise ConfigError(f"--link measured is this machine's simulated devices; with --device {device} "
@@ -121,7 +127,7 @@ def mesh_axes(strategy: str, devices: int, mesh: str = "", layers: int = 0) -> t
     return cls.mesh_axes(mesh, devices), ""
 
 
-def predict_one(profile, key, strategy, devices, batch, device="cpu", link="measured", memory=None,
+def predict_one(profile, key, strategy, devices, batch, device=PROFILED, link="measured", memory=None,
                 mesh="", **options) -> cost.Prediction:
     m = machine(profile, device, link, memory, ranks=STRATEGIES[strategy].uses_mpi and link == "measured")
     compute = m.compute(key, False)
@@ -129,7 +135,8 @@ def predict_one(profile, key, strategy, devices, batch, device="cpu", link="meas
     if not note:  # the strategy's own mesh: what it would refuse to run, it is not priced
         refused(strategy, model_config(key), axes, batch, mesh, options)
     # pipelines run as `--pipeline-impl auto` runs them: one program per stage on a CPU
-    options = {"implementation": "mpmd" if device == "cpu" else "spmd", **options}
+    on_cpu = device == PROFILED and profile["env"].get("backend", "cpu") == "cpu"
+    options = {"implementation": "mpmd" if on_cpu else "spmd", **options}
     work = STRATEGIES[strategy].cost(problem(key, strategy, axes, batch, compute, **options))
     pred = cost.predict(work, m, batch, max(1, cost_devices(axes)))
     return dataclasses.replace(pred, notes=pred.notes + ((note,) if note else ()))
@@ -181,7 +188,8 @@ class PredictOptions:
     batch_size: int = option(128, "global batch")
     microbatches: int = option(4, "pipeline micro-batches")
     schedule: str = option("gpipe", "pipeline schedule: gpipe | 1f1b")
-    device: str = option("cpu", "cpu (this machine's profile) | h100 (assumed)")
+    device: str = option(PROFILED, "profiled (the device --profile measured: this machine's CPU by "
+                                   "default) | h100 (assumed)")
     link: str = option("measured", "measured (this machine's simulated devices) | 10gbit | 100gbit | nvlink")
     memory: str = option("", "memory per device, e.g. 16GB (default: the device's)")
     profile: str = option(PROFILE, "the machine profile (`python -m experiments profile`)")
@@ -208,6 +216,14 @@ def describe(pred: cost.Prediction, memory: float | None) -> str:
             f"activations {pred.activation_bytes / 1e9:.3f}){fits}")
 
 
+def device_name(profile: dict, device: str) -> str:
+    """'h100 (assumed)', or what the profile measured: 'NVIDIA H100 80GB HBM3 (profiled)'."""
+    if device != PROFILED:
+        return f"{device} (assumed)"
+    env = profile.get("env", {})
+    return f"{env.get('device_kind') or env.get('backend', '?')} (profiled)"
+
+
 class PredictCommand:
     @staticmethod
     def run(args: PredictOptions) -> cost.Prediction:
@@ -215,7 +231,8 @@ class PredictCommand:
         memory = parse_bytes(args.memory) if args.memory else None
         pred = predict_one(profile, key, args.strategy, args.devices, args.batch_size, args.device,
                            args.link, memory, args.mesh, microbatches=args.microbatches, schedule=args.schedule)
-        print(f"{key} / {args.strategy} on {args.devices} x {args.device} over {args.link}, batch {args.batch_size}")
+        print(f"{key} / {args.strategy} on {args.devices} x {device_name(profile, args.device)} over {args.link}, "
+              f"batch {args.batch_size}")
         print("  " + describe(pred, memory))
         for note in pred.notes:
             print(f"  ({note})")
@@ -263,7 +280,7 @@ class PlanCommand:
         memory = parse_bytes(args.memory) if args.memory else None
         rows = plan_rows(profile, key, args.devices, args.batch_size, args.device, args.link, memory,
                          microbatches=args.microbatches, schedule=args.schedule)
-        print(f"{key} on {args.devices} x {args.device} over {args.link}, batch {args.batch_size}, "
+        print(f"{key} on {args.devices} x {device_name(profile, args.device)} over {args.link}, batch {args.batch_size}, "
               f"memory/device {args.memory or 'the device''s'}: fastest first")
         for r in rows:
             p = r["prediction"]

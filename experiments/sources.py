@@ -41,6 +41,9 @@ SOURCES: dict[str, Source] = {
                                "`python -m experiments time-to-accuracy --out OUT`"),
     # This machine's profile for the cost model (jaxpar.cost); its checks read every study's points.
     "cost": Source("cost/profile.json", "profile", "`python -m experiments profile --out OUT`"),
+    # An H100 node's profile (experiments/measure_node.sh's node): the assumed H100 checked against it.
+    "cost-h100": Source("cost-h100/profile.json", "profile",
+                        "`python -m experiments profile --out OUT` on the GPU node"),
     "peers": Source("peers/peers.json", "peers", "`python -m experiments peers --out OUT` (needs the `peer` extra)"),
     "network": Source("network/network.json", "network",
                       "`python -m experiments network --out OUT` (as root: emulated hosts)"),

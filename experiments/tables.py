@@ -96,6 +96,13 @@ def machine_words(env: dict) -> str:
 
 
 # --- where each table's numbers were measured ----------------------------------------------
+def _device_words(env: dict) -> str:
+    """'2-core x86_64 CPU (cpu)', or the accelerator: '1 x NVIDIA H100 80GB HBM3 (16-core ...)'."""
+    if env["backend"] == "cpu":
+        return f"{cpu_words(env)} (cpu)"
+    return f"{env['local_device_count']} x {env.get('device_kind', env['backend'])} ({cpu_words(env)})"
+
+
 def _revision(env: dict) -> str:
     rev = str(env.get("git_revision", "unknown"))
     dirty = env.get("git_dirty", rev.endswith("+dirty"))
@@ -120,8 +127,7 @@ def machine_line(name: str, data_dir: Path) -> str:
     elif times[-1] != times[0]:
         span += times[-1].strftime("-%H:%M")
     revisions = sorted({_revision(e) for e in envs})
-    machines = sorted({f"{cpu_words(e)} ({e['backend']}), jax {e['jax']}, flax {e.get('flax', '?')}"
-                       for e in envs})
+    machines = sorted({f"{_device_words(e)}, jax {e['jax']}, flax {e.get('flax', '?')}" for e in envs})
     diffs = sorted({e["git_diff_file"] for e in envs if e.get("git_diff_file")})
     diff_note = f"; diffs beside the files: {', '.join(diffs)}" if diffs else (
         "; the diff was not recorded (written before results kept it)"
@@ -361,6 +367,16 @@ def cost_assumptions(_: Path) -> str:
     return markdown(["assumed", "value", "source"], rows)
 
 
+def cost_h100(data_dir: Path) -> str:
+    """The assumed H100 against an H100 profile measured on a lent node (`single`'s step)."""
+    return markdown(["model", "batch", "measured on the H100 (profile) ms", "machine command's one-device ms",
+                     "assumed H100 predicted ms", "assumed / measured"],
+                    [[r["model"], r["batch"], f"{r['measured_ms']:.3f}",
+                      DASH if r["machine_ms"] is None else f"{r['machine_ms']:.3f}",
+                      f"{r['assumed_ms']:.3f}", f"{r['ratio']:.2f}"]
+                     for r in cost_check.assumed_h100_rows(data_dir)])
+
+
 def _scaling_cell(rows: list[dict], part: str) -> str:
     """'8: 5.1x (0.64)': the most workers of a part, speed-up over one and efficiency."""
     here = [r for r in rows if r["part"] == part and r["speedup"] is not None and r["workers"] > 1]
@@ -429,6 +445,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "cost-summary": cost_summary,
     "cost-points": cost_points,
     "cost-assumptions": cost_assumptions,
+    "cost-h100": cost_h100,
     "peers-model-parallel": peers_model_parallel,
     "network": network,
     # One line per results folder (the two training runs share theirs).

@@ -49,7 +49,7 @@ def test_a_quick_profile_measures_steps_layers_and_collectives(tmp_path):
     ("mpi-allreduce", 2, "measured"), ("pipeline", 8, "10gbit"), ("fsdp", 64, "nvlink"),
 ])
 def test_a_prediction_is_the_sum_of_its_parts(strategy, devices, link):
-    device = "cpu" if link == "measured" else "h100"
+    device = predictlib.PROFILED if link == "measured" else "h100"
     p = predictlib.predict_one(PROFILE, STACK, strategy, devices, 512, device, link)
     assert p.total_s == pytest.approx(p.compute_s + p.comm_s + p.bubble_s)
     assert min(p.compute_s, p.comm_s, p.bubble_s) >= 0 and p.compute_s > 0
@@ -241,3 +241,36 @@ def test_the_host_pays_a_dispatch_for_every_stage_program_it_drives():
         assert work.programs == programs
         extra = cost.predict(work, machine, 128, 4).compute_s - cost.predict(work, without, 128, 4).compute_s
         assert extra == pytest.approx(programs * 50e-6)
+
+
+H100 = cost.load_profile(DATA / "cost-h100" / "profile.json")  # measured on a lent H100 node
+
+
+def test_a_measured_gpu_profile_is_the_device_it_measured():
+    """`--device profiled` with a GPU's profile: its measured step, dedicated devices over an
+    assumed link, pipelines in the single-program form (`--pipeline-impl auto` on a GPU), and
+    `--link measured` refused (one GPU: no collectives measured)."""
+    steps = H100["models"]["cnn"]["steps"]
+    at_128 = steps["step_ms_median"][steps["batch"].index(128)]
+    p = predictlib.predict_one(H100, "cnn", "single", 1, 128, predictlib.PROFILED, "nvlink")
+    assert 1000 * p.total_s == pytest.approx(at_128, rel=0.25)  # a line fitted through six batches
+    dp = predictlib.predict_one(H100, "cnn", "dp-shard-map", 8, 1024, predictlib.PROFILED, "nvlink")
+    assert dp.compute_s == pytest.approx(p.compute_s, rel=1e-6) and dp.comm_s > 0  # at once, 128 each
+    machine = predictlib.machine(H100, predictlib.PROFILED, "nvlink", None)
+    by_form = {impl: cost.predict(STRATEGIES["pipeline"].cost(predictlib.problem(
+        "cnn", "pipeline", {"stage": 2}, 128, predictlib.compute_source(H100)("cnn"), implementation=impl)),
+        machine, 128, 2).total_s for impl in ("spmd", "mpmd")}
+    assert by_form["spmd"] != pytest.approx(by_form["mpmd"])
+    assert predictlib.predict_one(H100, "cnn", "pipeline", 2, 128, predictlib.PROFILED, "nvlink").total_s \
+        == pytest.approx(by_form["spmd"])
+    with pytest.raises(predictlib.ConfigError, match="no collectives.*pick an assumed link"):
+        predictlib.predict_one(H100, "cnn", "dp-shard-map", 2, 128)
+
+
+def test_the_assumed_h100_is_checked_against_the_measured_one():
+    rows = cost_check.assumed_h100_rows(DATA)
+    assert {r["model"] for r in rows} == set(H100["models"]) and all(r["measured_ms"] > 0 for r in rows)
+    for r in rows:
+        assumed = predictlib.compute_source(PROFILE, "h100")(r["model"]).step_s(r["batch"])
+        assert r["assumed_ms"] == pytest.approx(1000 * assumed) and r["ratio"] == r["assumed_ms"] / r["measured_ms"]
+    assert any(r["machine_ms"] for r in rows)  # the machine command ran on the same kind of GPU
