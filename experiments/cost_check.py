@@ -6,12 +6,12 @@ predicted-against-measured figure come from here.
     rows = check_rows(Path("figures/data"))   # one per measured point, predicted and measured
     summary(rows)                              # median and largest |error| per study
 
-Covered: one process's simulated CPU devices (every core) and mpi4jax ranks (one thread
-each), on one host or (the network study) one rank per emulated host, priced on the
-point's link rate. Not covered, and listed as such: points over jax.distributed (several
-processes on one global mesh: the profile has no measurement of its cross-process
-collectives), and pipelines measured in the single-program (SPMD) form that one program
-per stage (`implementation: mpmd` in the result) replaced.
+Covered: one process's simulated CPU devices (every core), mpi4jax ranks and jax.distributed
+processes (one thread each, on one global mesh), on one host or (the network study) one
+rank per emulated host, priced on the point's link rate. Not covered, and listed as such:
+pipelines measured in the single-program (SPMD) form that one program per stage
+(`implementation: mpmd` in the result) replaced, and jax.distributed points under a profile
+without their collectives (one taken before it measured them, or without mpiexec).
 """
 
 from __future__ import annotations
@@ -93,17 +93,19 @@ def predict_point(profile: dict, config: dict, env: dict,
     (None, why it is not covered)."""
     p = config["parallel"]
     cls = STRATEGIES[p["strategy"]]
-    if env.get("process_count", 1) > 1:
+    processes = env.get("process_count", 1)
+    if processes > 1 and not profile.get("distributed"):
         return None, "jax.distributed over processes: no profile of its collectives"
     if replaced(cls, described):
         return None, "implementation replaced: measured as one SPMD program, not one program per stage"
     one_thread = env.get("threads_per_process") == 1 or p.get("single_thread", False)
     compute = predictlib.compute_source(profile)
     link = link_of(config)
-    if cls.uses_mpi:
-        machine = cost.mpi_ranks(profile, compute)
+    if cls.uses_mpi or processes > 1:
+        machine = (cost.mpi_ranks if cls.uses_mpi else cost.distributed_ranks)(profile, compute)
         machine = on_link(machine, link) if link else machine
-        devices = env.get("mpi_ranks", 1)
+        devices = env.get("mpi_ranks", 1) if cls.uses_mpi else env["device_count"]
+        one_thread = True
     else:
         machine = cost.simulated(profile, lambda key, _: compute(key, one_thread))
         devices = p.get("devices") or env["device_count"]

@@ -365,6 +365,20 @@ def mpi_ranks(profile: dict, model_compute: Callable[[str, bool], Compute]) -> M
                    notes=(f"ranks run one thread each on {profile['cores']} cores",))
 
 
+def distributed_ranks(profile: dict, model_compute: Callable[[str, bool], Compute]) -> Machine:
+    """Processes joined by jax.distributed, one single-threaded device each (the scaling
+    study's ranks): their one-thread work adds up over the cores as MPI ranks' does, and each
+    collective costs what the profile measured across such processes (XLA:CPU over gloo)."""
+    fits = profile.get("distributed") or {}
+    if not fits:
+        raise KeyError(f"no jax.distributed collectives in this profile ({profile.get('distributed_note', 'older profile')})")
+    return Machine("jax.distributed processes (one thread each)", lambda key, _: model_compute(key, True),
+                   lambda c: c.count * fitted_seconds(fits, c.op, c.group, c.bytes) if c.group > 1 else 0.0,
+                   slots=profile["cores"], memory_bytes=None,
+                   notes=(f"processes run one thread each on {profile['cores']} cores",),
+                   dispatch_s=profile.get("dispatch_us", 0.0) / 1e6)
+
+
 def cluster(model_compute: Callable[[str, bool], Compute], link: Link, memory_bytes: float | None,
             name: str) -> Machine:
     """Dedicated devices joined by `link`: every device computes at once."""

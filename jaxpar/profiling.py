@@ -14,6 +14,8 @@ What one profile holds (`RunResult.metrics`, kind "profile"):
                    and 8 devices, each fitted as latency + bytes / bandwidth over message sizes
   mpi              the same for mpi4jax's allreduce, gather, bcast, sendrecv on 2 and 4 ranks
                    (under `mpiexec`, when mpi4jax is installed)
+  distributed      the simulated devices' collectives across 2 and 4 jax.distributed processes
+                   (one device each, under `mpiexec`): XLA:CPU's gloo over TCP
 """
 
 from __future__ import annotations
@@ -209,9 +211,9 @@ def _collective_fn(op: str, n: int):
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"))), mesh
 
 
-def collective_profile(devices, sizes, iters: int) -> dict:
+def collective_profile(devices, sizes, iters: int, typical=fastest_ms) -> dict:
     """{op: {devices: fit}} for the simulated devices' collectives (operand bytes per device,
-    as `measure.collective_bytes` counts them)."""
+    as `measure.collective_bytes` counts them); `typical` reads ms from the timed calls."""
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     out: dict = {}
@@ -221,22 +223,26 @@ def collective_profile(devices, sizes, iters: int) -> dict:
             points = []
             for nbytes in sizes:
                 rows = max(nbytes // F32, n) // n * n
-                x = jax.device_put(jnp.ones((rows * n,), jnp.float32), NamedSharding(mesh, P("x")))
-                seconds = fastest_ms(measure.time_calls(lambda: fn(x), iters)) / 1000
+                # Built per shard: the mesh may span processes (`profiling_dist`).
+                x = jax.make_array_from_callback((rows * n,), NamedSharding(mesh, P("x")),
+                                                 lambda index, rows=rows: np.ones((rows * n,), np.float32)[index])
+                seconds = typical(measure.time_calls(lambda: fn(x), iters)) / 1000
                 points.append((rows * F32, seconds))
             out.setdefault(op, {})[str(n)] = fit_latency_bandwidth(points)
     return out
 
 
-def mpi_profile(ranks, sizes, iters: int, timeout: float = 240.0) -> tuple[dict, str]:
-    """{op: {ranks: fit}} of mpi4jax's collectives, each rank count under `mpiexec` (this
-    venv's); ({}, why) when MPI is not installed or a run fails."""
+def mpi_profile(ranks, sizes, iters: int, timeout: float = 240.0,
+                module: str = "jaxpar.profiling_mpi") -> tuple[dict, str]:
+    """{op: {ranks: fit}} of the collectives `module` times under `mpiexec` (this venv's) at
+    each rank count: mpi4jax's (`profiling_mpi`), or XLA's across jax.distributed processes
+    (`profiling_dist`); ({}, why) when MPI is not installed or a run fails."""
     launcher = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     if not os.path.exists(launcher):
         return {}, f"no {launcher}"
     out: dict = {}
     for r in ranks:
-        cmd = [launcher, "-n", str(r), sys.executable, "-m", "jaxpar.profiling_mpi",
+        cmd = [launcher, "-n", str(r), sys.executable, "-m", module,
                json.dumps({"sizes": list(sizes), "iters": iters})]
         env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {meshlib.SINGLE_THREAD_FLAG}"}
         try:
@@ -295,7 +301,10 @@ def profile(quick: bool = False, mpi: bool = True) -> dict:
         out_models[key]["steps_one_thread"] = steps
     sizes = QUICK_COLLECTIVE_BYTES if quick else COLLECTIVE_BYTES
     devices = [n for n in COLLECTIVE_DEVICES if n <= len(jax.devices())]
-    mpi_fits, mpi_note = mpi_profile(MPI_RANKS[:1] if quick else MPI_RANKS, sizes, iters) if mpi else ({}, "not asked")
+    ranks = MPI_RANKS[:1] if quick else MPI_RANKS
+    mpi_fits, mpi_note = mpi_profile(ranks, sizes, iters) if mpi else ({}, "not asked")
+    dist_fits, dist_note = (mpi_profile(ranks, sizes, iters, module="jaxpar.profiling_dist") if mpi
+                            else ({}, "not asked"))
     return {
         "cores": meshlib.cores_available(),
         "matmul_peak_gflops": measure.matmul_peak(jax.devices()[:1], n=1024 if quick else 2048)["gflops"],
@@ -305,6 +314,8 @@ def profile(quick: bool = False, mpi: bool = True) -> dict:
         "collectives": collective_profile(devices, sizes, iters),
         "mpi": mpi_fits,
         "mpi_note": mpi_note,
+        "distributed": dist_fits,
+        "distributed_note": dist_note,
         "quick": quick,
         # Other work on the machine slows every timing: the load when the profile finished,
         # and whether it ran at real-time priority (`chrt -r`) to keep that work off its cores.
