@@ -15,7 +15,7 @@ from experiments import cost_check
 from experiments import predict as predictlib
 from experiments.__main__ import run
 from experiments.tables import TABLES
-from jaxpar import cost, cost_strategies
+from jaxpar import cost, cost_strategies, results
 from jaxpar.cost_strategies import Problem
 from jaxpar.parallel import STRATEGIES
 
@@ -179,13 +179,12 @@ def test_the_bounds_study_is_checked_at_the_median_of_its_rounds_each_device_cou
         assert r["scale"] == single["scale"]  # each device count measured with its own single
 
 
-def test_the_network_studys_mpi_points_are_priced_on_their_link_and_jax_distributed_is_listed():
+def test_the_network_studys_points_are_priced_on_their_link():
     rows = [r for r in cost_check.check_rows(DATA) if r["study"] == "network"]
+    assert rows and all("error" in r for r in rows)  # mpi4jax and jax.distributed alike
     for r in rows:
-        mpi = STRATEGIES[r["strategy"]].uses_mpi
-        assert ("error" in r) == (mpi or r["strategy"] == "single"), r["point"]
-        if "error" not in r:
-            assert "jax.distributed" in r["why"]
+        if r["strategy"] != "single":
+            assert r["wire_ms"] > 0 or r["point"].startswith(("network/unlimited/", "network/10gbit/"))
     # 2 ranks, one per host: the gradient's ring all-reduce puts its bytes once on the 1 Gbit/s
     # wire, less the shaper's bucket (4 ms at the rate), which passes at once
     point = next(r for r in rows if r["point"] == "network/1gbit/cnn-mpi-allreduce")
@@ -195,6 +194,36 @@ def test_the_network_studys_mpi_points_are_priced_on_their_link_and_jax_distribu
     assert fast["wire_ms"] == 0  # the gradient fits in the 10 Gbit/s link's bucket
     unshaped = next(r for r in rows if r["point"] == "network/unlimited/cnn-mpi-allreduce")
     assert unshaped["wire_ms"] == 0 and point["comm_ms"] > unshaped["comm_ms"] + point["wire_ms"] * 0.99
+
+
+def test_jax_distributed_processes_are_priced_on_their_own_collectives():
+    """The processes of one global mesh pay the profile's cross-process collectives (gloo), not
+    the simulated devices' nor mpi4jax's; every scaling-over-ranks point is covered."""
+    assert PROFILE["distributed"], PROFILE.get("distributed_note")
+    ranks = [r for r in cost_check.check_rows(DATA) if r["study"] == "scaling-ranks"]
+    assert ranks and all("error" in r for r in ranks)
+    r = next(r for r in ranks if r["point"] == "scaling/ranks/strong/cnn-dp-auto-r2")
+    measured = results.load(DATA / r["point"] / "result.json")
+    config, env = measured.config, measured.env
+    slower = {**PROFILE, "distributed": {op: {n: {**fit, "points": [[b, 10 * t] for b, t in fit["points"]]}
+                                              for n, fit in fits.items()}
+                                         for op, fits in PROFILE["distributed"].items()}}
+    base, _ = cost_check.predict_point(PROFILE, config, env)
+    ten, _ = cost_check.predict_point(slower, config, env)
+    assert base.comm_s > 0 and ten.comm_s == pytest.approx(10 * base.comm_s)
+    assert ten.compute_s == pytest.approx(base.compute_s)
+    older = {k: v for k, v in PROFILE.items() if k != "distributed"}  # a profile without them
+    assert cost_check.predict_point(older, config, env) == (None, "jax.distributed over processes: "
+                                                                  "no profile of its collectives")
+
+
+def test_the_collectives_across_jax_distributed_processes_are_profiled():
+    from jaxpar import profiling
+
+    fits, note = profiling.mpi_profile((2,), profiling.QUICK_COLLECTIVE_BYTES, 2, module="jaxpar.profiling_dist")
+    assert note == "" and set(fits) == set(profiling.COLLECTIVE_OPS)
+    for fit in (f["2"] for f in fits.values()):
+        assert fit["bytes_per_s"] > 0 and len(fit["points"]) == 2 and all(t > 0 for _, t in fit["points"])
 
 
 def test_pipelines_are_priced_in_the_form_they_were_measured():
