@@ -117,7 +117,7 @@ def predict_point(profile: dict, config: dict, env: dict,
                                  sync_every=p.get("sync_every", 1),
                                  implementation=(described or {}).get("implementation", "spmd"))
     work = cls.cost(problem)
-    return cost.predict(work, machine, config["data"]["batch_size"], predictlib.cost_devices(axes) or 1, key), ""
+    return cost.predict(work, machine, config["data"]["batch_size"], predictlib.cost_devices(axes) or 1), ""
 
 
 def check_rows(data_dir: Path) -> list[dict]:

@@ -138,7 +138,7 @@ def predict_one(profile, key, strategy, devices, batch, device=PROFILED, link="m
     on_cpu = device == PROFILED and profile["env"].get("backend", "cpu") == "cpu"
     options = {"implementation": "mpmd" if on_cpu else "spmd", **options}
     work = STRATEGIES[strategy].cost(problem(key, strategy, axes, batch, compute, **options))
-    pred = cost.predict(work, m, batch, max(1, cost_devices(axes)), key)
+    pred = cost.predict(work, m, batch, max(1, cost_devices(axes)))
     return dataclasses.replace(pred, notes=pred.notes + ((note,) if note else ()))
 
 

@@ -266,9 +266,6 @@ class Machine:
     wire_s: Callable[[Collective], float] | None = None   # of collective_s: time on a link's wire
     dispatch_s: float = 0.0    # the host's time per program it dispatches (host-driven pipelines)
     busy_wait: bool = False    # a device that waits holds its core (MPI ranks polling)
-    # (model key, devices, per-device batch) -> what D devices' work at once costs over its sum
-    # (simulated devices sharing the cores; `concurrency`)
-    contention: Callable[[str, int, float], float] | None = None
 
 
 def fitted_seconds(fits: dict, op: str, group: int, nbytes: float) -> float:
@@ -309,10 +306,9 @@ def link_seconds(link: Link, c: Collective) -> float:
     return c.count * seconds
 
 
-def predict(work: Work, machine: Machine, batch: int, devices: int, key: str | None = None) -> Prediction:
+def predict(work: Work, machine: Machine, batch: int, devices: int) -> Prediction:
     """The step's time split into compute, exposed communication and bubble (see the module
-    docstring for how each kind of machine adds devices' work); `key`: the model, for the
-    machine's `contention` of devices that share cores (their work at once, not pipelined)."""
+    docstring for how each kind of machine adds devices' work)."""
     comm = sum(machine.collective_s(c) for c in work.collectives)
     wire = sum(machine.wire_s(c) for c in work.collectives) if machine.wire_s else 0.0
     if work.stage_s:   # a pipeline: M micro-batches through S stages
@@ -333,8 +329,6 @@ def predict(work: Work, machine: Machine, batch: int, devices: int, key: str | N
         compute = critical - bubble
     else:                          # devices share cores: their work adds up
         compute = total_work / machine.slots
-        if machine.contention and key and not (work.stage_s or work.serial):
-            compute *= machine.contention(key, devices, batch / devices)
         if machine.busy_wait:      # waiting ranks spin on their share: each runs at slots/devices
             critical *= devices / machine.slots
         bubble = max(critical - compute, 0.0)
@@ -352,32 +346,14 @@ def load_profile(path) -> dict:
     return {**d["metrics"], "env": d["env"]}
 
 
-def concurrency(profile: dict) -> Callable[[str, int, float], float]:
-    """(model key, devices, per-device batch) -> D devices' steps at once (the profile's
-    `concurrent`) over D x one device's step alone at that batch, at the nearest measured
-    device count and interpolated in the batch (held flat past the ends); 1.0 for a model or
-    device count the profile did not measure."""
-    def factor(key: str, devices: int, batch: float) -> float:
-        entry = profile["models"].get(key, {})
-        c = entry.get("concurrent")
-        if not c or devices < 2:
-            return 1.0
-        d = min(c["devices"], key=lambda n: (abs(n - devices), n))
-        alone = step_line(entry["steps"]["batch"], _typical_ms(entry["steps"]))
-        ratios = [ms / (d * alone(b)) for b, ms in zip(c["batch"], c["step_ms"][c["devices"].index(d)])]
-        return _interp(c["batch"], ratios, min(max(batch, c["batch"][0]), c["batch"][-1]))
-    return factor
-
-
 def simulated(profile: dict, model_compute: Callable[[str, bool], Compute]) -> Machine:
-    """This machine's simulated CPU devices: one shared pool, the profile's collectives, and
-    what sharing it costs (`concurrency`)."""
+    """This machine's simulated CPU devices: one shared pool, the profile's collectives."""
     fits = profile["collectives"]
     return Machine("simulated CPU devices", model_compute,
                    lambda c: c.count * fitted_seconds(fits, c.op, c.group, c.bytes) if c.group > 1 else 0.0,
                    slots=1, memory_bytes=None,
                    notes=(f"simulated devices share {profile['cores']} cores: their work adds up",),
-                   dispatch_s=profile.get("dispatch_us", 0.0) / 1e6, contention=concurrency(profile))
+                   dispatch_s=profile.get("dispatch_us", 0.0) / 1e6)
 
 
 def mpi_ranks(profile: dict, model_compute: Callable[[str, bool], Compute]) -> Machine:

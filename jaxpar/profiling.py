@@ -8,8 +8,6 @@ What one profile holds (`RunResult.metrics`, kind "profile"):
                    on one thread (MPI ranks run one pinned thread each); the optimizer update
                    alone; each layer's forward + backward time, FLOPs, parameter and output bytes
   kinds            achieved GFLOP/s per layer kind (dense, conv), summed over the models' layers
-  models[key]["concurrent"]  D simulated devices each running `single`'s step at once, no
-                   collective, at per-device batches: what sharing the cores costs beyond D x one
   matmul_peak_gflops   one device's f32 matmul (`measure.matmul_peak`)
   dispatch_us      the host's time to dispatch one jitted program (`dispatch_us`)
   collectives      simulated devices: all-reduce, all-gather, reduce-scatter, ppermute on 2, 4
@@ -104,27 +102,6 @@ def step_times(model: ModelConfig, batches, iters: int) -> dict:
         out["flops"].append(m["flops_per_step"])
         out["temp_bytes"].append(m["memory_per_device"]["temp_bytes"])
         out["state_bytes"] = m["state_bytes_per_device"]
-    return out
-
-
-CONCURRENT_DEVICES = (2, 4, 8)
-CONCURRENT_BATCHES = (16, 64, 128)   # per device: strong scaling's 128/D ... weak's 128
-NEVER = 1 << 30                      # `--sync-every` past any timed step: no collective runs
-
-
-def concurrent_steps(model: ModelConfig, devices, batches, iters: int) -> dict:
-    """`local-sgd` steps that never average (each simulated device `single`'s step on its own
-    rows, no collective) on D devices at each per-device batch: what D devices' programs cost
-    together on these cores, which is more than D times one alone (they share caches and XLA's
-    thread pool). {"devices": [...], "batch": [...], "step_ms": [[ms per batch] per D]}."""
-    out = {"devices": list(devices), "batch": list(batches), "step_ms": []}
-    for d in devices:
-        row = []
-        for b in batches:
-            config = TrainConfig(data=DataConfig(dataset="synthetic", batch_size=b * d), model=model,
-                                 parallel=ParallelConfig(strategy="local-sgd", devices=d, sync_every=NEVER))
-            row.append(bench.benchmark(config, iters=iters, warmup=2, matmul_peak=False).metrics["step_time_ms_median"])
-        out["step_ms"].append(row)
     return out
 
 
@@ -320,9 +297,6 @@ def profile(quick: bool = False, mpi: bool = True) -> dict:
             "steps": step_times(m, batches, iters),
             "update_ms": update_ms(m, iters),
             "layers": layer_profile(m, LAYER_BATCHES if not quick else (16,), iters),
-            # a third of the calls: D devices' steps at 128 rows each are long
-            "concurrent": concurrent_steps(m, CONCURRENT_DEVICES[:1] if quick else CONCURRENT_DEVICES,
-                                           batches[:1] if quick else CONCURRENT_BATCHES, max(3, iters // 3)),
         }
     one_thread = {} if quick else single_thread_steps(models, batches, iters)
     for key, steps in one_thread.items():

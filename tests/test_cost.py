@@ -34,7 +34,6 @@ def test_a_quick_profile_measures_steps_layers_and_collectives(tmp_path):
     assert len(entry["steps"]["batch"]) == len(entry["steps"]["step_ms"]) >= 2
     assert all(t > 0 for t in entry["steps"]["step_ms"]) and entry["update_ms"] > 0
     assert [layer["name"] for layer in entry["layers"]] == ["hidden0", "hidden1", "out"]
-    assert entry["concurrent"]["devices"] == [2] and all(t > 0 for t in entry["concurrent"]["step_ms"][0])
     assert all(layer["flops_per_example"] > 0 and layer["ms"] for layer in entry["layers"])
     for op in ("all-reduce", "all-gather", "reduce-scatter", "collective-permute"):
         for n in ("2", "4", "8"):
@@ -62,7 +61,7 @@ def test_a_prediction_is_the_sum_of_its_parts(strategy, devices, link):
 def test_simulated_devices_add_their_work_and_dedicated_ones_do_not():
     compute = predictlib.compute_source(PROFILE)(STACK)
     shared = predictlib.predict_one(PROFILE, STACK, "dp-shard-map", 4, 256)
-    assert shared.compute_s == pytest.approx(4 * compute.step_s(64) * cost.concurrency(PROFILE)(STACK, 4, 64))
+    assert shared.compute_s == pytest.approx(4 * compute.step_s(64))
     work = STRATEGIES["dp-shard-map"].cost(predictlib.problem(STACK, "dp-shard-map", {"data": 4}, 256, compute))
     dedicated = cost.predict(work, cost.cluster(lambda k, t: compute, cost.LINKS["10gbit"], None, "x"), 256, 4)
     assert dedicated.compute_s == pytest.approx(compute.step_s(64))
@@ -71,21 +70,6 @@ def test_simulated_devices_add_their_work_and_dedicated_ones_do_not():
     arrays = [*compute.leaf_bytes, 12]
     assert len(arrays) == 37
     assert dedicated.comm_s == pytest.approx(sum(4 * link.latency_s + 1.5 * b / link.bytes_per_s for b in arrays))
-
-
-def test_devices_sharing_the_cores_cost_what_the_profile_measured_of_them_at_once():
-    """D simulated devices' steps at once over D x one alone, at the measured points; held
-    flat past the measured batches, the nearest measured device count beyond them, 1 for one."""
-    factor = cost.concurrency(PROFILE)
-    entry = PROFILE["models"]["cnn"]
-    c = entry["concurrent"]
-    alone = cost.step_line(entry["steps"]["batch"], cost._typical_ms(entry["steps"]))
-    for i, d in enumerate(c["devices"]):
-        for b, ms in zip(c["batch"], c["step_ms"][i]):
-            assert factor("cnn", d, b) == pytest.approx(ms / (d * alone(b)))
-    assert factor("cnn", 64, 1) == factor("cnn", 8, c["batch"][0]) and factor("cnn", 1, 128) == 1.0
-    assert factor("not-profiled", 4, 32) == 1.0
-    assert {round(factor("cnn", d, b), 3) for d in c["devices"] for b in c["batch"]} != {1.0}
 
 
 def test_a_step_is_one_line_through_the_profiles_median_steps():
