@@ -81,6 +81,18 @@ def on_link(machine: cost.Machine, link: cost.Link) -> cost.Machine:
                                notes=machine.notes + (f"link {link.name}",))
 
 
+def across_measured_link(machine: cost.Machine, fits: dict, name: str) -> cost.Machine:
+    """`machine`'s ranks one per host, each collective at what the profile measured across 2
+    emulated hosts at the point's bandwidth (`profile --links`); the part beyond one host's
+    time is the link's (`wire_s`), which the check's anchor does not scale."""
+    def across(c: cost.Collective) -> float:
+        return c.count * cost.fitted_seconds(fits, c.op, c.group, c.bytes) if c.group > 1 else 0.0
+
+    return dataclasses.replace(machine, collective_s=across,
+                               wire_s=lambda c: max(across(c) - machine.collective_s(c), 0.0),
+                               notes=machine.notes + (f"link {name} (measured)",))
+
+
 def replaced(cls, described: dict | None) -> bool:
     """A pipeline result measured in the single-program (SPMD) form: the CPU runs one program
     per stage (`implementation: mpmd`), which is what the model prices on simulated devices."""
@@ -101,9 +113,14 @@ def predict_point(profile: dict, config: dict, env: dict,
     one_thread = env.get("threads_per_process") == 1 or p.get("single_thread", False)
     compute = predictlib.compute_source(profile)
     link = link_of(config)
+    bandwidth = ((config.get("point") or {}).get("labels") or {}).get("bandwidth")
+    measured = (profile.get("links") or {}).get(bandwidth) if bandwidth else None
     if cls.uses_mpi or processes > 1:
         machine = (cost.mpi_ranks if cls.uses_mpi else cost.distributed_ranks)(profile, compute)
-        machine = on_link(machine, link) if link else machine
+        if measured:
+            machine = across_measured_link(machine, measured["mpi" if cls.uses_mpi else "distributed"], bandwidth)
+        elif link:
+            machine = on_link(machine, link)
         devices = env.get("mpi_ranks", 1) if cls.uses_mpi else env["device_count"]
         one_thread = True
     else:

@@ -233,17 +233,19 @@ def collective_profile(devices, sizes, iters: int, typical=fastest_ms) -> dict:
 
 
 def mpi_profile(ranks, sizes, iters: int, timeout: float = 240.0,
-                module: str = "jaxpar.profiling_mpi") -> tuple[dict, str]:
+                module: str = "jaxpar.profiling_mpi", launch=None) -> tuple[dict, str]:
     """{op: {ranks: fit}} of the collectives `module` times under `mpiexec` (this venv's) at
     each rank count: mpi4jax's (`profiling_mpi`), or XLA's across jax.distributed processes
-    (`profiling_dist`); ({}, why) when MPI is not installed or a run fails."""
+    (`profiling_dist`); ({}, why) when MPI is not installed or a run fails. `launch(ranks,
+    argv)`: the command line that starts the ranks (default: mpiexec here; the emulated
+    cluster's puts them on its hosts)."""
     launcher = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     if not os.path.exists(launcher):
         return {}, f"no {launcher}"
+    launch = launch or (lambda r, argv: [launcher, "-n", str(r), *argv])
     out: dict = {}
     for r in ranks:
-        cmd = [launcher, "-n", str(r), sys.executable, "-m", module,
-               json.dumps({"sizes": list(sizes), "iters": iters})]
+        cmd = launch(r, [sys.executable, "-m", module, json.dumps({"sizes": list(sizes), "iters": iters})])
         env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {meshlib.SINGLE_THREAD_FLAG}"}
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)

@@ -84,6 +84,24 @@ def test_down_removes_everything_after_its_owner_was_killed():
     assert cluster.down() == []
 
 
+@needs_root
+@needs_mpi
+def test_a_profile_times_the_collectives_across_emulated_hosts():
+    """`profile --links`: mpi4jax's and jax.distributed's collectives between 2 emulated hosts
+    (its own cluster, removed after), and a slow link's time at least its bytes at the rate."""
+    from experiments import profile_cmd
+
+    (found,) = profile_cmd.link_profile(("100mbit",), (4096, 1 << 20), 2).values()
+    assert cluster.leftovers() == []
+    assert set(found["mpi"]) == {"mpi_allreduce", "mpi_gather", "mpi_bcast", "mpi_sendrecv"}
+    assert set(found["distributed"]) == {"all-reduce", "all-gather", "reduce-scatter", "collective-permute"}
+    for kind in found.values():
+        for op, fits in kind.items():
+            (small, large), = ([p for p in fit["points"]] for fit in fits.values())
+            # 1 MB at 100 Mbit/s is 84 ms on the wire (a reduce-scatter sends half of it)
+            assert large[1] > (0.03 if op == "reduce-scatter" else 0.07) > small[1], (op, fits)
+
+
 @pytest.fixture(scope="module")
 def hosts():
     """2 emulated hosts joined at 1 Gbit/s, removed after this file's tests."""

@@ -179,24 +179,27 @@ def test_the_bounds_study_is_checked_at_the_median_of_its_rounds_each_device_cou
         assert r["scale"] == single["scale"]  # each device count measured with its own single
 
 
-def test_the_network_studys_points_are_priced_on_their_link():
+def test_the_network_studys_points_are_priced_on_their_measured_link():
+    """Every network point covered, each collective at what the profile measured across 2
+    emulated hosts at the point's bandwidth (`profile --links`), the part beyond one host's
+    time the link's; without measured links, one host's plus the bytes at the link's rate."""
     rows = [r for r in cost_check.check_rows(DATA) if r["study"] == "network"]
     assert rows and all("error" in r for r in rows)  # mpi4jax and jax.distributed alike
     assert all(r["comm_ms"] >= r["wire_ms"] >= 0 for r in rows)
-    # a jax.distributed point: its gradient's bytes on the slow wire, on top of gloo's own time
-    slow, unshaped = (next(r for r in rows if r["point"] == f"network/{link}/cnn-dp-shard-map")
-                      for link in ("100mbit", "unlimited"))
-    assert slow["wire_ms"] > 0 == unshaped["wire_ms"]
-    assert slow["comm_ms"] == pytest.approx(unshaped["comm_ms"] + slow["wire_ms"])
-    # 2 ranks, one per host: the gradient's ring all-reduce puts its bytes once on the 1 Gbit/s
-    # wire, less the shaper's bucket (4 ms at the rate), which passes at once
-    point = next(r for r in rows if r["point"] == "network/1gbit/cnn-mpi-allreduce")
-    grad = predictlib.compute_source(PROFILE)("cnn").param_bytes + 12
-    assert point["wire_ms"] == pytest.approx(1000 * (grad - 1e9 / 8 / 250) / (1e9 / 8))
-    fast = next(r for r in rows if r["point"] == "network/10gbit/cnn-mpi-allreduce")
-    assert fast["wire_ms"] == 0  # the gradient fits in the 10 Gbit/s link's bucket
-    unshaped = next(r for r in rows if r["point"] == "network/unlimited/cnn-mpi-allreduce")
-    assert unshaped["wire_ms"] == 0 and point["comm_ms"] > unshaped["comm_ms"] + point["wire_ms"] * 0.99
+    assert set(PROFILE["links"]) == {"100mbit", "1gbit", "10gbit", "unlimited"}
+    for point, kind in (("network/100mbit/cnn-dp-shard-map", "distributed"),
+                        ("network/1gbit/cnn-mpi-allreduce", "mpi")):
+        measured = results.load(DATA / point / "result.json")
+        bandwidth = measured.config["point"]["labels"]["bandwidth"]
+        base, _ = cost_check.predict_point(PROFILE, measured.config, measured.env)
+        links = {**PROFILE["links"], bandwidth: {**PROFILE["links"][bandwidth], kind: {
+            op: {n: {**fit, "points": [[b, 2 * t] for b, t in fit["points"]]} for n, fit in fits.items()}
+            for op, fits in PROFILE["links"][bandwidth][kind].items()}}}
+        slower, _ = cost_check.predict_point({**PROFILE, "links": links}, measured.config, measured.env)
+        assert base.comm_s > 0 and slower.comm_s == pytest.approx(2 * base.comm_s), point
+        assert base.wire_s > 0
+        formula, _ = cost_check.predict_point({**PROFILE, "links": {}}, measured.config, measured.env)
+        assert formula.comm_s != pytest.approx(base.comm_s)  # the rate's formula: the fallback
 
 
 def test_jax_distributed_processes_are_priced_on_their_own_collectives():
