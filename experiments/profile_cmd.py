@@ -68,9 +68,15 @@ def run(args: ProfileOptions) -> Path:
     except meshlib.MeshError as e:
         raise ConfigError(f"{e} (run `python -m experiments profile` as its own process)") from None
     bandwidths = [b.strip() for b in args.links.split(",") if b.strip()]
-    if bandwidths:
+    if bandwidths:  # refused before minutes of profiling, not after
         from experiments import cluster
 
+        for bw in bandwidths:
+            try:
+                cluster.rate_bits(bw)
+            except ConfigError:
+                raise ConfigError(f"--links {args.links!r}: {bw!r} is not a bandwidth; give rates like "
+                                  "100mbit,1gbit,10gbit,unlimited") from None
         if (why := cluster.missing()) is not None:
             raise UserError(f"--links: {why}")
     out = results.ensure_writable(args.out)

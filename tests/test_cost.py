@@ -168,6 +168,12 @@ def test_predict_refuses_what_cannot_run_naming_the_fix(args, needle, capsys):
     assert needle in capsys.readouterr().err
 
 
+def test_profile_refuses_a_bad_link_before_any_work(tmp_path, capsys):
+    assert run(["profile", "--links", "1gbit,fast", "--out", str(tmp_path)]) == 2
+    assert "--links '1gbit,fast': 'fast' is not a bandwidth; give rates like 100mbit" in capsys.readouterr().err
+    assert not (tmp_path / "profile.json").exists()
+
+
 def test_the_bounds_study_is_checked_at_the_median_of_its_rounds_each_device_count_anchored():
     rows = [r for r in cost_check.check_rows(DATA) if r["study"] == "bounds"]
     assert rows and all("error" in r for r in rows)  # every point an mpmd pipeline, tensor or single
