@@ -87,11 +87,8 @@ def across_measured_link(machine: cost.Machine, fits: dict, name: str) -> cost.M
     link's (`wire_s`: the transport's protocol and waits on the wire, not this machine's
     arithmetic), which the check's anchor for the session's speed does not scale (scaled, the
     MLP's steps of eight ~4 ms collectives came out 40-100% too long)."""
-    def across(c: cost.Collective) -> float:
-        return c.count * cost.fitted_seconds(fits, c.op, c.group, c.bytes) if c.group > 1 else 0.0
-
-    return dataclasses.replace(machine, collective_s=across,
-                               wire_s=across,
+    across = cost.fitted_collectives(fits)
+    return dataclasses.replace(machine, collective_s=across, wire_s=across,
                                notes=machine.notes + (f"link {name} (measured)",))
 
 

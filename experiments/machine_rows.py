@@ -75,13 +75,20 @@ def study(config, records: list[dict], env: dict, skipped: dict, failed: dict) -
                                       "failed": failed})
 
 
-def machine_name(env: dict) -> str:
-    """'16-core x86_64 CPU' or '1 x NVIDIA H100 80GB HBM3 (16 cores)', from a result's env."""
+def cpu_name(env: dict, cores: int) -> str:
+    """'16-core x86_64 CPU' from a result's env."""
     arch = env.get("platform", "").split("-with")[0].rsplit("-", 1)[-1] or "?"
-    cores = f"{env['cores_available']}-core {arch} CPU"
+    return f"{cores}-core {arch} CPU"
+
+
+def machine_name(env: dict, cores_key: str = "cores_available") -> str:
+    """'16-core x86_64 CPU' or '1 x NVIDIA H100 80GB HBM3 (16-core x86_64 CPU)', from a
+    result's env; `cores_key`: the cores the process could use, or (`cpu_cores`) the machine's
+    (a pinned rank's env can use one)."""
+    cpu = cpu_name(env, env[cores_key])
     if env["backend"] == "cpu":
-        return cores
-    return f"{env['local_device_count']} x {env['device_kind']} ({cores})"
+        return cpu
+    return f"{env['local_device_count']} x {env['device_kind']} ({cpu})"
 
 
 def load_words(data: dict) -> str:

@@ -86,9 +86,8 @@ def main_results(data_dir: Path) -> str:
 
 
 def cpu_words(env: dict) -> str:
-    """'2-core x86_64 CPU' from a result's env."""
-    arch = env.get("platform", "").split("-with")[0].rsplit("-", 1)[-1] or "?"
-    return f"{env['cpu_cores']}-core {arch} CPU"
+    """'2-core x86_64 CPU' from a result's env: the machine's cores."""
+    return machine_rows.cpu_name(env, env["cpu_cores"])
 
 
 def machine_words(env: dict) -> str:
@@ -96,13 +95,6 @@ def machine_words(env: dict) -> str:
 
 
 # --- where each table's numbers were measured ----------------------------------------------
-def _device_words(env: dict) -> str:
-    """'2-core x86_64 CPU (cpu)', or the accelerator: '1 x NVIDIA H100 80GB HBM3 (16-core ...)'."""
-    if env["backend"] == "cpu":
-        return f"{cpu_words(env)} (cpu)"
-    return f"{env['local_device_count']} x {env.get('device_kind', env['backend'])} ({cpu_words(env)})"
-
-
 def _revision(env: dict) -> str:
     rev = str(env.get("git_revision", "unknown"))
     dirty = env.get("git_dirty", rev.endswith("+dirty"))
@@ -127,7 +119,8 @@ def machine_line(name: str, data_dir: Path) -> str:
     elif times[-1] != times[0]:
         span += times[-1].strftime("-%H:%M")
     revisions = sorted({_revision(e) for e in envs})
-    machines = sorted({f"{_device_words(e)}, jax {e['jax']}, flax {e.get('flax', '?')}" for e in envs})
+    machines = sorted({f"{machine_rows.machine_name(e, 'cpu_cores')} ({e['backend']}), jax {e['jax']}, "
+                       f"flax {e.get('flax', '?')}" for e in envs})
     diffs = sorted({e["git_diff_file"] for e in envs if e.get("git_diff_file")})
     diff_note = f"; diffs beside the files: {', '.join(diffs)}" if diffs else (
         "; the diff was not recorded (written before results kept it)"

@@ -283,6 +283,12 @@ def fitted_seconds(fits: dict, op: str, group: int, nbytes: float) -> float:
     return scale * _interp([p[0] for p in points], [p[1] for p in points], nbytes)
 
 
+def fitted_collectives(fits: dict) -> Callable[[Collective], float]:
+    """A collective's seconds from a profile's fits (`fitted_seconds`), `count` times a step;
+    nothing for a group of one."""
+    return lambda c: c.count * fitted_seconds(fits, c.op, c.group, c.bytes) if c.group > 1 else 0.0
+
+
 def link_seconds(link: Link, c: Collective) -> float:
     """A collective over `link`, each at its usual best algorithm's cost: the bandwidth of a
     ring (all-reduce moves 2(n-1)/n of the bytes, reduce-scatter (n-1)/n, all-gather n-1
@@ -348,35 +354,36 @@ def load_profile(path) -> dict:
 
 def simulated(profile: dict, model_compute: Callable[[str, bool], Compute]) -> Machine:
     """This machine's simulated CPU devices: one shared pool, the profile's collectives."""
-    fits = profile["collectives"]
-    return Machine("simulated CPU devices", model_compute,
-                   lambda c: c.count * fitted_seconds(fits, c.op, c.group, c.bytes) if c.group > 1 else 0.0,
+    return Machine("simulated CPU devices", model_compute, fitted_collectives(profile["collectives"]),
                    slots=1, memory_bytes=None,
                    notes=(f"simulated devices share {profile['cores']} cores: their work adds up",),
                    dispatch_s=profile.get("dispatch_us", 0.0) / 1e6)
 
 
+def _one_thread_ranks(name: str, profile: dict, model_compute: Callable[[str, bool], Compute],
+                      fits: dict, **options) -> Machine:
+    """Processes of one pinned thread each (their one-thread work adds up over the cores),
+    each collective at the profile's `fits`."""
+    return Machine(name, lambda key, _: model_compute(key, True), fitted_collectives(fits),
+                   slots=profile["cores"], memory_bytes=None,
+                   notes=(f"ranks run one thread each on {profile['cores']} cores",), **options)
+
+
 def mpi_ranks(profile: dict, model_compute: Callable[[str, bool], Compute]) -> Machine:
-    """This machine's MPI ranks, one pinned thread each, the profile's mpi4jax collectives."""
-    fits = profile["mpi"]
-    return Machine("MPI ranks (one thread each)", lambda key, _: model_compute(key, True),
-                   lambda c: c.count * fitted_seconds(fits, c.op, c.group, c.bytes) if c.group > 1 else 0.0,
-                   slots=profile["cores"], memory_bytes=None, busy_wait=True,
-                   notes=(f"ranks run one thread each on {profile['cores']} cores",))
+    """This machine's MPI ranks, the profile's mpi4jax collectives; a waiting rank polls."""
+    return _one_thread_ranks("MPI ranks (one thread each)", profile, model_compute, profile["mpi"],
+                             busy_wait=True)
 
 
 def distributed_ranks(profile: dict, model_compute: Callable[[str, bool], Compute]) -> Machine:
     """Processes joined by jax.distributed, one single-threaded device each (the scaling
-    study's ranks): their one-thread work adds up over the cores as MPI ranks' does, and each
-    collective costs what the profile measured across such processes (XLA:CPU over gloo)."""
+    study's ranks), each collective at what the profile measured across such processes
+    (XLA:CPU over gloo)."""
     fits = profile.get("distributed") or {}
     if not fits:
         raise KeyError(f"no jax.distributed collectives in this profile ({profile.get('distributed_note', 'older profile')})")
-    return Machine("jax.distributed processes (one thread each)", lambda key, _: model_compute(key, True),
-                   lambda c: c.count * fitted_seconds(fits, c.op, c.group, c.bytes) if c.group > 1 else 0.0,
-                   slots=profile["cores"], memory_bytes=None,
-                   notes=(f"processes run one thread each on {profile['cores']} cores",),
-                   dispatch_s=profile.get("dispatch_us", 0.0) / 1e6)
+    return _one_thread_ranks("jax.distributed processes (one thread each)", profile, model_compute, fits,
+                             dispatch_s=profile.get("dispatch_us", 0.0) / 1e6)
 
 
 def cluster(model_compute: Callable[[str, bool], Compute], link: Link, memory_bytes: float | None,
