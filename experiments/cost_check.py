@@ -131,7 +131,8 @@ def predict_point(profile: dict, config: dict, env: dict,
     problem = predictlib.problem(key, cls.name, axes, config["data"]["batch_size"], c,
                                  microbatches=p["microbatches"], schedule=p["schedule"],
                                  sync_every=p.get("sync_every", 1),
-                                 implementation=(described or {}).get("implementation", "spmd"))
+                                 implementation=(described or {}).get("implementation", "spmd"),
+                                 collective_form=(described or {}).get("collective_form", "native"))
     work = cls.cost(problem)
     return cost.predict(work, machine, config["data"]["batch_size"], predictlib.cost_devices(axes) or 1), ""
 

@@ -33,6 +33,7 @@ class Problem:
     sync_every: int = 1
     model: dict = field(default_factory=dict)  # the model config (tensor's collective bytes)
     implementation: str = "spmd"  # pipelines: one program ("spmd") or one per stage ("mpmd")
+    collective_form: str = "native"  # tensor's CNN split: XLA's gathers or "permute" (comm_forms)
 
     def size(self, axis: str) -> int:
         return int(self.axes.get(axis, 1))
@@ -148,14 +149,28 @@ def _tensor_parts(p: Problem, batch: float, layers) -> tuple[float, float]:
     return c.backprop_s(batch) * frac + c.update_s * params / max(c.param_bytes, 1), params
 
 
+def _permuted(ops: list[Collective], degree: int, data: int) -> list[Collective]:
+    """The CNN split's collectives in their permute form (`channels.as_permutes`): the 3
+    all-gathers, 3 reduce-scatters (and without DATA the loss denominator) as T - 1 permutes
+    each."""
+    from jaxpar.parallel import channels
+
+    found = channels.as_permutes({o.op: o.bytes for o in ops}, degree, denominator=data == 1)
+    count = (7 if data == 1 else 6) * (degree - 1)
+    return [Collective(op, n / count, degree, count) if op == "collective-permute" else Collective(op, n, degree)
+            for op, n in found.items()]
+
+
 def tensor(p: Problem) -> Work:
     """Split layers' compute and parameters divided by T; their activations all-reduced twice
-    (forward and backward) per pair (the CNN: gathered and reduce-scattered); over data > 1
-    also the gradient all-reduce."""
+    (forward and backward) per pair (the CNN: gathered and reduce-scattered, or permuted);
+    over data > 1 also the gradient all-reduce."""
     d, t = p.size("data"), p.size("tensor")
     b = p.batch / d
     seconds, params = _tensor_parts(p, b, range(len(p.compute.layers)))
     ops = list(_tensor_ops((p.model.get("model"), p.model.get("depth"), p.model.get("width")), int(b), t))
+    if p.collective_form == "permute" and t > 1:
+        ops = _permuted(ops, t, d)
     if d > 1:
         ops.append(Collective("all-reduce", params + SUMS, d))
     return Work((seconds,) * (d * t), tuple(ops), params * 3, p.compute.temp_bytes(b))

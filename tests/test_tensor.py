@@ -90,3 +90,27 @@ def test_unsplittable_model_is_a_config_error():
     cfg = eq.config(model="mlp", strategy="tensor", mesh="tensor=1")
     with pytest.raises(ConfigError, match="--model"):
         eq.run(cfg, steps=1, devices=1)
+
+
+@requires_devices(4)
+@pytest.mark.parametrize("model,mesh,batch_norm", [("cnn", "tensor=2", False), ("cnn", "tensor=4", False),
+                                                   ("cnn", "data=2,tensor=2", False), ("cnn", "tensor=2", True)])
+def test_cnn_split_by_permutes_matches_single(monkeypatch, model, mesh, batch_norm):
+    """The CNN split's gathers, scatters and loss denominator in their permute form (what a
+    CPU mesh across processes runs, `comm_forms.choose`), forced here in one process: equal
+    to `single` by the protocol, and its gathers really are permutes (no all-gather left;
+    the one all-reduce is the replicated parameters' gradients with the metric sums)."""
+    from jaxpar.parallel import comm_forms
+
+    monkeypatch.setattr(comm_forms, "choose", lambda mesh: comm_forms.PERMUTE)
+    options = dict(tc.CONV, model=model, batch_norm=batch_norm)
+    ref = eq.run(eq.config(**options))
+    got = eq.run(eq.config(strategy="tensor", mesh=mesh, **options), devices=tc.devices_of(mesh))
+    assert got.strategy.describe()["collective_form"] == "permute"
+    eq.assert_tree_close(ref.grads, got.grads, what="step-1 gradients")
+    eq.assert_tree_close(ref.params, got.params, what="parameters")
+    s = got.strategy
+    ops = s.compile("step", got.state, s.place_batch(eq.batches(s.config.data.batch_size, 1)[0])).collective_bytes
+    assert "all-gather" not in ops and ops["collective-permute"] > 0, ops
+    if not batch_norm:  # (bn1's whole-batch statistics add all-reduces the theory leaves out)
+        assert ops["total"] == s.theory()["total"], (ops, s.theory())

@@ -42,6 +42,7 @@ from jax.sharding import PartitionSpec as P
 from jaxpar.mesh import TENSOR
 from jaxpar.models import CNN
 from jaxpar.models.resnet import BasicBlock
+from jaxpar.parallel import comm_forms
 
 F32 = 4
 METRIC_SUMS = 3  # step.metric_sums: loss_sum, correct, count
@@ -134,10 +135,11 @@ def _batch_norm_over(bn: nnx.BatchNorm | None, axis: str) -> nnx.BatchNorm | Non
     return bn
 
 
-def cnn_layers(model: CNN) -> list:
+def cnn_layers(model: CNN, comm: comm_forms.Comm = comm_forms.NATIVE) -> list:
     """The CNN's layers on this device's share (the module docstring's split): conv1 on its
     rows, conv2 on its output channels of the gathered batch, fc1 on its output features of
-    the gathered channels, fc2's partial logits reduce-scattered over the batch."""
+    the gathered channels, fc2's partial logits reduce-scattered over the batch; gathers and
+    scatters in `comm`'s form."""
     layers = model.layers()
 
     def conv1_rows(h, train):  # h: this device's rows of the batch
@@ -145,14 +147,14 @@ def cnn_layers(model: CNN) -> list:
         return model.after_conv(bn1, _with_varying_params(model.conv1)(h), train)
 
     def conv2_channels(h, train):
-        return layers[1](jax.lax.all_gather(h, TENSOR, axis=0, tiled=True), train)
+        return layers[1](comm.all_gather(h, TENSOR, 0), train)
 
     def fc1_features(h, train):
-        return layers[2](jax.lax.all_gather(h, TENSOR, axis=3, tiled=True), train)
+        return layers[2](comm.all_gather(h, TENSOR, 3), train)
 
     def fc2_rows(h, train):
         partial = h @ model.fc2.kernel[...]
-        return jax.lax.psum_scatter(partial, TENSOR, scatter_dimension=0, tiled=True) + model.fc2.bias[...]
+        return comm.psum_scatter(partial, TENSOR, 0) + model.fc2.bias[...]
 
     return [conv1_rows, conv2_channels, fc1_features, fc2_rows]
 
@@ -178,6 +180,17 @@ def cnn_collective_bytes(model: CNN, batch_local: int, image_shape: tuple[int, .
     return {"all-gather": (first + second + logits) // degree,
             "reduce-scatter": first + second + logits,
             "all-reduce": replicated_param_bytes(model) + METRIC_SUMS * F32}
+
+
+def as_permutes(ops: dict[str, int], degree: int, denominator: bool) -> dict[str, int]:
+    """The CNN split's operand bytes per step in the permute form (`comm_forms.PERMUTE`): each
+    all-gather's shard, each reduce-scatter's block and (`denominator`: no DATA axis, whose
+    all-reduce sums it otherwise) the loss denominator's one f32 sent to the T - 1 other
+    devices; the all-reduce as before (its metric sums then carry the count the native form's
+    denominator all-reduce stood in for: the same bytes)."""
+    moved = ops.get("all-gather", 0) + ops.get("reduce-scatter", 0) // degree + (F32 if denominator else 0)
+    rest = {op: n for op, n in ops.items() if op not in ("all-gather", "reduce-scatter")}
+    return {**rest, "collective-permute": moved * (degree - 1)}
 
 
 def collective_bytes(model, batch_local: int, image_shape: tuple[int, ...], degree: int) -> dict[str, int]:

@@ -27,7 +27,7 @@ from jaxpar.models import CNN, ResNet, abstract_model
 from jaxpar.models.mlp import ACTIVATIONS
 from jaxpar.models.resnet import BasicBlock
 from jaxpar.models.vit import TransformerBlock
-from jaxpar.parallel import channels
+from jaxpar.parallel import channels, comm_forms
 
 COLUMN = ("up", "query", "key", "value")  # kernel split on the output dim, bias split
 ROW = ("down", "out")                     # kernel split on the input dim, bias replicated
@@ -57,11 +57,12 @@ def param_spec(path: tuple) -> P:
     return channels.leaf_spec(layer, kind)
 
 
-def split_layers(model) -> list:
+def split_layers(model, comm: comm_forms.Comm = comm_forms.NATIVE) -> list:
     """Per layer of `model.layers()`: its tensor-split form `(h, train) -> h` (inside
-    shard_map over TENSOR), or None where the layer is replicated."""
+    shard_map over TENSOR), or None where the layer is replicated; the CNN's gathers and
+    scatters in `comm`'s form."""
     if isinstance(model, CNN):
-        return channels.cnn_layers(model)
+        return channels.cnn_layers(model, comm)
     found = []
     for layer in model.layers():
         (path, *more) = layer.keys

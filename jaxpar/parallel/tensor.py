@@ -33,7 +33,7 @@ from jaxpar import step as steplib
 from jaxpar import theory
 from jaxpar.mesh import DATA, TENSOR
 from jaxpar.models import CNN, ResNet, ViT
-from jaxpar.parallel import channels, megatron, processes
+from jaxpar.parallel import channels, comm_forms, megatron, processes
 from jaxpar.parallel.base import Strategy
 
 
@@ -131,6 +131,8 @@ class _TensorBase(Strategy):
         if isinstance(self.model, (CNN, ResNet)):  # channel-split conv pairs
             shape = datalib.spec(self.config.data).image_shape
             ops = channels.collective_bytes(self.model, batch_local, shape, self.degree) if self.degree > 1 else {}
+            if self.degree > 1 and getattr(self, "comm", None) is comm_forms.PERMUTE:
+                ops = channels.as_permutes(ops, self.degree, denominator=self.data == 1)
             if self.data > 1:  # over DATA: the gradient and the 3 metric sums; the CNN's
                 # scattered rows also sum the weight total (its loss denominator) on its own
                 sums = 3 + (1 if channels.scatters_rows(self.model) and self.degree > 1 else 0)
@@ -158,6 +160,7 @@ class Tensor(_TensorBase):
                "blocks; ViT heads; the CNN's layers; ResNet conv pairs by channels)")
 
     def _build_programs(self):
+        self.comm = comm_forms.choose(self.mesh)
         batch_specs = {"image": self.batch_spec, "label": self.batch_spec,
                        "weight": self.batch_spec}
         smap = functools.partial(jax.shard_map, mesh=self.mesh)
@@ -170,6 +173,10 @@ class Tensor(_TensorBase):
         self._register("gradients", grads)
         self._register("eval_step", evals)
 
+    def describe(self):
+        # the form of the CNN split's gathers and scatters (comm_forms: permutes across CPU processes)
+        return {**super().describe(), "collective_form": self.comm.name}
+
     def _batch_axes(self, shape: dict) -> tuple[str, ...]:
         # The CNN's split reads B/T rows of the batch per device (`channels.scatters_rows`)
         rows = (TENSOR,) if channels.scatters_rows(self.model) else ()
@@ -180,11 +187,11 @@ class Tensor(_TensorBase):
         statistics after the call."""
         model = nnx.merge(self.graphdef, params, model_state)
         h = steplib.normalize(batch["image"])
-        for layer, split in zip(model.layers(), megatron.split_layers(model)):
+        for layer, split in zip(model.layers(), megatron.split_layers(model, self.comm)):
             h = (split or layer)(h, train)
         scattered = channels.scatters_rows(model)
         if scattered:  # each device holds B/T rows' logits: its loss over the whole batch's weight
-            denom = jax.lax.psum(batch["weight"].sum(), TENSOR) if denom is None else denom
+            denom = self.comm.total(batch["weight"].sum(), TENSOR) if denom is None else denom
         loss, sums = steplib.loss_from_logits(h, batch, denom)
         if scattered:
             sums = jax.lax.psum(sums, TENSOR)
