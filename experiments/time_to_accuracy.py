@@ -14,7 +14,8 @@ rank scaling runs them), so a point uses the same cores either way. Without batc
 the same math, so they follow single's trajectory and differ only in time (local-sgd, which
 averages only every k steps, follows its own: name it in --strategies to add it). A strategy
 that takes `--schedule` (pipeline, mpi-pipeline, hybrid) runs once per --schedules entry; a
-(model, strategy) pair the strategy cannot place (tensor and the MLP) is skipped and listed.
+(model, strategy) pair the strategy cannot place (tensor and the MLP; mpi-pipeline and the ResNet,
+whose batch norm it does not carry) is skipped and listed.
 
     python -m experiments time-to-accuracy --max-epochs 12 --timeout 3600 \
         --out figures/data/time_to_accuracy       # the full study (an empty or its own folder)
@@ -56,18 +57,16 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from flax import nnx
 
 from experiments import options, points, rank_scaling
 from experiments.options import option
 from experiments.points import Point
 from experiments.study import Study, at_least
 from jaxpar import results
-from jaxpar.config import TrainConfig, flat_fields, with_options
+from jaxpar.config import ModelConfig, TrainConfig, flat_fields, with_options
 from jaxpar.errors import ConfigError
-from jaxpar.models import takes
+from jaxpar.models import has_batch_norm, takes
 from jaxpar.parallel import STRATEGIES
-from jaxpar.train import build_model
 
 RESULTS_FILE = "time_to_accuracy.json"
 
@@ -127,9 +126,12 @@ def targets(config: TimeToAccuracyConfig) -> dict[str, float]:
 
 
 def places(strategy: str, model: str) -> bool:
-    """`strategy` can place `model` (its class attributes say so)."""
-    models = STRATEGIES[strategy].models
-    return models is None or model in models
+    """`strategy` can place `model` (its class attributes say so: the models it takes, and
+    whether it trains one with batch norm, as the ResNet has)."""
+    cls = STRATEGIES[strategy]
+    if cls.models is not None and model not in cls.models:
+        return False
+    return cls.carries_batch_norm or not has_batch_norm(ModelConfig(model))
 
 
 def follows_single(strategy: str) -> bool:
@@ -206,10 +208,6 @@ def shared_options(configs: list[TrainConfig]) -> dict:
     return {k: v for k, v in flat[0].items() if all(f[k] == v for f in flat)}
 
 
-def has_batch_norm(config: TrainConfig) -> bool:
-    return any(isinstance(m, nnx.BatchNorm) for _, m in nnx.iter_modules(build_model(config)))
-
-
 def row(point: Point, result: results.RunResult, batch_norm: bool) -> dict:
     """One table row from a point's train result; its validation curve for the figure."""
     m, c = result.metrics, point.config
@@ -236,7 +234,7 @@ def run(config: TimeToAccuracyConfig) -> list[Path]:
     planned = plan(config)
     outcomes = points.run(planned, config.out, config.timeout)
     first = {p.config.model.model: p.config for p in reversed(planned)}  # one per model
-    norms = {model: has_batch_norm(c) for model, c in first.items()}
+    norms = {model: has_batch_norm(c.model) for model, c in first.items()}
     rows = [row(p, r, norms[p.config.model.model]) for p, r in zip(planned, outcomes)]
     record = {**dataclasses.asdict(config), "strategies": asked(config), "targets": targets(config),
               "train_options": shared_options([p.config for p in planned])}

@@ -109,11 +109,16 @@ def abstract_model(cfg, spec: Spec = BUILTIN_SPEC) -> nnx.Module:
     return nnx.eval_shape(lambda: from_config(cfg, seed=0, spec=spec))
 
 
+def has_batch_norm(cfg) -> bool:
+    """The model `cfg` builds keeps batch-norm statistics (state besides its parameters)."""
+    return bool(jax.tree.leaves(nnx.state(abstract_model(cfg), nnx.Not(nnx.Param))))
+
+
 def param_count(model: nnx.Module) -> int:
     """Number of trainable parameters (nnx.Param leaves; BN running stats excluded)."""
     return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
 __all__ = ["ACTIVATIONS", "BUILTIN", "CONV_IMPLS", "MODELS", "OPTIONS", "CNN", "MLP", "ResNet",
-           "StackMLP", "ViT", "abstract_model", "from_config", "make_model", "option_value",
+           "StackMLP", "ViT", "abstract_model", "from_config", "has_batch_norm", "make_model", "option_value",
            "param_count", "register_model", "takes"]

@@ -69,6 +69,9 @@ class Strategy:
     # Its step runs per batch shard (shard_map, pmap, one MPI rank), so batch norm normalises
     # with each shard's own statistics; False: over the whole global batch, like `single`.
     batch_norm_per_shard: bool = False
+    # Trains models with batch norm (False: `mpi-pipeline`, whose ranks keep no statistics of
+    # each other's stages); a study leaves such (model, strategy) pairs out.
+    carries_batch_norm: bool = True
     # The strategy-specific ParallelConfig options it reads; another strategy's option given a
     # non-default value is refused (`jaxpar.validate`), never silently ignored.
     options: tuple[str, ...] = ()
