@@ -34,20 +34,14 @@ statistics, so its trajectory can differ from single's.
 The targets take most of a real run: `single` reaches them, measured at these settings (real
 Fashion-MNIST, batch 128, 5,000 validation examples, seed 0, validation every 100 steps), at
 MLP 0.88: step 1,300 (the 4th epoch), CNN 0.91: step 1,300 (steadily above it from step
-1,600). The ResNet's 0.89 is extrapolated, not measured at 6 epochs: its measurement was cut
-after 572 steps (a loaded machine: 10 minutes for those), its validation accuracy 0.759,
-0.825, 0.845, 0.860 at steps 143, 286, 429, 572. If each doubling of steps adds half what the
-one before did (143 to 286: +0.066, 286 to 572: +0.035) it reaches 0.89 near step 4,500; if
-it keeps adding +0.02-0.035 a doubling, as the CNN did, near step 1,500: about 6 epochs (429
-steps each) between the two, and `--max-epochs 12` (5,148 steps) covers both. Check
-single's ResNet row first, and move the target if it lands far from step 2,600.
+1,600), ResNet 0.89: step 1,300 (validation 0.891, test 0.883; 429 steps an epoch, so in
+its 4th epoch). The ResNet's target had been extrapolated to about 6 epochs from a cut
+measurement; measured, `single` reached it in about 3. A target at 6 epochs would double
+each ResNet point (some 2 hours for the study) and was not run.
 
-Duration (an estimate, not a run): at the step times of `single` on a quiet 2-core machine
-(batch 128: MLP 1.7 ms, CNN 15 ms, ResNet 80 ms), the other strategies at 0.8-2x them, and
-5-15 s a point for the process, data, compilation and validation, the MLP's 13 points take
-about 2 minutes, the CNN's 15 about 10, the ResNet's 15 (about 2,600 steps each, 3.5
-minutes at single's speed, 1 s per validation of 5,000) about 85: some 1.5 hours in all
-(1-2.5 as the ResNet's target lands at step 1,500 or 4,500); `--models mlp,cnn` about 12.
+Duration: the MLP's 13 points take about 2 minutes, the CNN's 15 about 10 (a quiet 2-core
+machine); the ResNet's 13, measured on a slower day (`single` 125 ms a step), took 40
+minutes, 2.5-4.5 minutes a point. `--models mlp,cnn` about 12 minutes.
 """
 
 from __future__ import annotations
