@@ -160,7 +160,8 @@ class Tensor(_TensorBase):
                "blocks; ViT heads; the CNN's layers; ResNet conv pairs by channels)")
 
     def _build_programs(self):
-        self.comm = comm_forms.choose(self.mesh)
+        # only the CNN's split gathers and scatters (`channels.cnn_layers`); the blocks' psums stay XLA's
+        self.comm = comm_forms.choose(self.mesh) if channels.scatters_rows(self.model) else comm_forms.NATIVE
         batch_specs = {"image": self.batch_spec, "label": self.batch_spec,
                        "weight": self.batch_spec}
         smap = functools.partial(jax.shard_map, mesh=self.mesh)
