@@ -147,7 +147,7 @@ def refused(strategy: str, model: ModelConfig, axes: dict, batch: int, mesh: str
     from jaxpar.config import DataConfig, ParallelConfig, TrainConfig
 
     cls = STRATEGIES[strategy]
-    cls.check_model(model.model)
+    cls.check_model(model)
     config = TrainConfig(data=DataConfig(batch_size=batch), model=model,
                          parallel=ParallelConfig(strategy=strategy, mesh=mesh, **options))
     problems = cls.check(config, axes)

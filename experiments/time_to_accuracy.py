@@ -51,13 +51,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from experiments import options, points, rank_scaling
 from experiments.options import option
 from experiments.points import Point
 from experiments.study import Study, at_least
 from jaxpar import results
-from jaxpar.config import ModelConfig, TrainConfig, flat_fields, with_options
+from jaxpar.config import TrainConfig, flat_fields, with_options
 from jaxpar.errors import ConfigError
 from jaxpar.models import has_batch_norm, takes
 from jaxpar.parallel import STRATEGIES
@@ -120,12 +119,13 @@ def targets(config: TimeToAccuracyConfig) -> dict[str, float]:
 
 
 def places(strategy: str, model: str) -> bool:
-    """`strategy` can place `model` (its class attributes say so: the models it takes, and
-    whether it trains one with batch norm, as the ResNet has)."""
-    cls = STRATEGIES[strategy]
-    if cls.models is not None and model not in cls.models:
+    """`strategy` can place `model` (`Strategy.check_model`: the models it takes, and batch
+    norm, as the ResNet has, only where it carries the statistics)."""
+    try:
+        STRATEGIES[strategy].check_model(model)
+    except ConfigError:
         return False
-    return cls.carries_batch_norm or not has_batch_norm(ModelConfig(model))
+    return True
 
 
 def follows_single(strategy: str) -> bool:

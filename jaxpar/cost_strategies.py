@@ -156,7 +156,7 @@ def _permuted(ops: list[Collective], degree: int, data: int) -> list[Collective]
     from jaxpar.parallel import channels
 
     found = channels.as_permutes({o.op: o.bytes for o in ops}, degree, denominator=data == 1)
-    count = (7 if data == 1 else 6) * (degree - 1)
+    count = channels.permutes_per_step(degree, denominator=data == 1)
     return [Collective(op, n / count, degree, count) if op == "collective-permute" else Collective(op, n, degree)
             for op, n in found.items()]
 

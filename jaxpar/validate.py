@@ -133,7 +133,7 @@ def combination_problems(config: TrainConfig, devices: int) -> list[str]:
         problems.append(f"{what} needs --checkpoint-dir (the folder checkpoints go to).")
     strategy = STRATEGIES[config.parallel.strategy]
     try:
-        strategy.check_model(config.model.model)
+        strategy.check_model(config.model)
         axes = strategy.mesh_axes(config.parallel.mesh, devices)
     except (ConfigError, MeshError) as e:
         return problems + [str(e).rstrip(".") + "."]

@@ -67,6 +67,8 @@ def test_options_that_do_not_apply_are_refused_not_ignored(options, says):
     (dict(strategy="single", mesh="data=2"), "runs on one device"),
     (dict(strategy="pipeline", model="stack-mlp", mesh="data=2,stage=4"), "drop data from --mesh"),
     (dict(strategy="dp-auto", mesh="data=3"), "--mesh data=3 needs 3 devices"),
+    (dict(strategy="mpi-pipeline", model="resnet"), "does not carry batch-norm statistics"),
+    (dict(strategy="mpi-pipeline", model="cnn", batch_norm=True), "no --batch-norm"),
 ])
 def test_combinations_are_checked_once(options, says):
     assert says in refused(**options)

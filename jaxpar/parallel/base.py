@@ -28,9 +28,9 @@ from flax import nnx
 from jaxpar import data as datalib
 from jaxpar import measure
 from jaxpar import mesh as meshlib
-from jaxpar.config import TrainConfig
+from jaxpar.config import ModelConfig, TrainConfig
 from jaxpar.errors import ConfigError
-from jaxpar.models import option_value
+from jaxpar.models import has_batch_norm, option_value
 from jaxpar.step import Params, TrainState
 from jaxpar.parallel.layout import fetch
 
@@ -70,7 +70,7 @@ class Strategy:
     # with each shard's own statistics; False: over the whole global batch, like `single`.
     batch_norm_per_shard: bool = False
     # Trains models with batch norm (False: `mpi-pipeline`, whose ranks keep no statistics of
-    # each other's stages); a study leaves such (model, strategy) pairs out.
+    # each other's stages; `check_model` refuses such a model).
     carries_batch_norm: bool = True
     # The strategy-specific ParallelConfig options it reads; another strategy's option given a
     # non-default value is refused (`jaxpar.validate`), never silently ignored.
@@ -91,11 +91,18 @@ class Strategy:
         return cls
 
     @classmethod
-    def check_model(cls, model: str) -> None:
-        """ConfigError naming the models this strategy takes, unless it takes `model`."""
-        if cls.models is not None and model not in cls.models:
-            raise ConfigError(f"--strategy {cls.name} cannot place --model {model}; it takes "
+    def check_model(cls, model: str | ModelConfig) -> None:
+        """ConfigError naming the fix unless this strategy takes `model` (a name, or the
+        model's options: the CNN's --batch-norm): one of its `models`, and one without batch
+        norm if it does not carry the statistics."""
+        cfg = model if isinstance(model, ModelConfig) else ModelConfig(model)
+        if cls.models is not None and cfg.model not in cls.models:
+            raise ConfigError(f"--strategy {cls.name} cannot place --model {cfg.model}; it takes "
                               f"--model {' or '.join(cls.models)}")
+        if not cls.carries_batch_norm and has_batch_norm(cfg):
+            raise ConfigError(f"--strategy {cls.name} does not carry batch-norm statistics between "
+                              "its stages; use a model without batch norm (not resnet, no "
+                              "--batch-norm) or a strategy that does (e.g. --strategy pipeline)")
 
     @classmethod
     def default_mesh(cls, devices: int) -> dict[str, int]:
@@ -122,7 +129,7 @@ class Strategy:
         return meshlib.resolve_axes(axes, devices)
 
     def __init__(self, config: TrainConfig):
-        self.check_model(config.model.model)
+        self.check_model(config.model)
         self.config = config
         self.mesh = None
         self.graphdef: nnx.GraphDef | None = None

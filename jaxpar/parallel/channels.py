@@ -193,6 +193,12 @@ def as_permutes(ops: dict[str, int], degree: int, denominator: bool) -> dict[str
     return {**rest, "collective-permute": moved * (degree - 1)}
 
 
+def permutes_per_step(degree: int, denominator: bool) -> int:
+    """How many permutes `as_permutes` counts the bytes of: T - 1 for each of the 3
+    all-gathers, 3 reduce-scatters (forward and backward) and the denominator."""
+    return (6 + denominator) * (degree - 1)
+
+
 def collective_bytes(model, batch_local: int, image_shape: tuple[int, ...], degree: int) -> dict[str, int]:
     """Operand bytes per training step of the channel split (one device), by collective: the
     CNN's as `cnn_collective_bytes` says; a ResNet block all-reduces its summed output

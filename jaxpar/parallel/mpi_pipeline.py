@@ -46,7 +46,7 @@ from jaxpar import step as steplib
 from jaxpar import data as datalib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE
-from jaxpar.models import has_batch_norm, sequence
+from jaxpar.models import sequence
 from jaxpar.parallel import layout, mpi_common, partition, schedules
 from jaxpar.parallel.layer_split import pick
 from jaxpar.parallel.stages import leaves, nest
@@ -62,7 +62,7 @@ class MpiPipeline(mpi_common.OnePerRank):
                "`--stage-boundaries`; models without batch norm")
     models = None  # any model without batch norm: a sequence of layers, one stage per rank
     default_axes = {STAGE: 1}  # one device per rank; the ranks are the stages
-    carries_batch_norm = False
+    carries_batch_norm = False  # its ranks hold no statistics of each other's stages
     options = ("microbatches", "schedule", "remat", "stage_boundaries")
 
     @classmethod
@@ -70,10 +70,6 @@ class MpiPipeline(mpi_common.OnePerRank):
         m, batch = config.parallel.microbatches, config.data.batch_size
         problems = [] if batch % m == 0 else [
             f"--microbatches {m} must divide --batch-size {batch}; make --batch-size a multiple of {m}."]
-        if has_batch_norm(config.model):
-            problems.append(f"--strategy {cls.name} does not carry batch-norm statistics between "
-                            "ranks; use a model without batch norm (not resnet, no --batch-norm) "
-                            "or --strategy pipeline in one process.")
         # The ranks are the stages: known once launched. (A study checks its points before it
         # launches them; every rank checks again when it starts.)
         if distributed.launcher() is not None:

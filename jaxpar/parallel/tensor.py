@@ -82,6 +82,7 @@ class _TensorBase(Strategy):
     default_axes = {TENSOR: -1}
     options = ("steps_per_dispatch",)
     axes = (DATA, TENSOR)
+    comm = comm_forms.NATIVE  # the CNN split's gathers and scatters (`tensor` chooses per mesh)
     multiprocess = True  # one global mesh under jax.distributed (tensor within a process by default)
 
     @classmethod
@@ -131,7 +132,7 @@ class _TensorBase(Strategy):
         if isinstance(self.model, (CNN, ResNet)):  # channel-split conv pairs
             shape = datalib.spec(self.config.data).image_shape
             ops = channels.collective_bytes(self.model, batch_local, shape, self.degree) if self.degree > 1 else {}
-            if self.degree > 1 and getattr(self, "comm", None) is comm_forms.PERMUTE:
+            if self.degree > 1 and self.comm is comm_forms.PERMUTE:
                 ops = channels.as_permutes(ops, self.degree, denominator=self.data == 1)
             if self.data > 1:  # over DATA: the gradient and the 3 metric sums; the CNN's
                 # scattered rows also sum the weight total (its loss denominator) on its own
