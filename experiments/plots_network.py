@@ -51,10 +51,12 @@ def network_bandwidth(data: dict, out: Path) -> Path:
         if model in refs:
             ax.axhline(refs[model]["images_per_sec"], color="k", lw=1.5,
                        label="one host, 1 rank (single)")
-        for crossing in c["activations_overtake_gradients_at"]:
-            _mark(ax, crossing, "activations / gradients", 0.62, "tab:purple")
-        for crossing in c["one_host_overtaken_at"]:
-            _mark(ax, crossing, "2 hosts / one host", 0.45, "tab:red")
+        # successive crossovers of one kind lie close together: their labels step down the
+        # axis so that neither hides the other
+        for i, crossing in enumerate(c["activations_overtake_gradients_at"]):
+            _mark(ax, crossing, "activations / gradients", 0.62 - 0.1 * i, "tab:purple")
+        for i, crossing in enumerate(c["one_host_overtaken_at"]):
+            _mark(ax, crossing, "2 hosts / one host", 0.42 - 0.1 * i, "tab:red")
         ax.set_xscale("log")
         ax.set_xticks(c["x"], c["bandwidths"])
         ax.minorticks_off()
