@@ -7,8 +7,8 @@ PyTorch: `torch.distributed.pipelining` (ScheduleGPipe, Schedule1F1B), a stage p
 and DTensor tensor parallelism (experiments/torch_parallel.py); jaxpar: `mpi-pipeline` (a
 stage per MPI rank), `pipeline` on one jax.distributed mesh over the ranks and, for
 completeness, on simulated devices in one process, and `tensor` over the ranks. Rank points
-run --ranks processes x 1 thread. Both pipelines cut the model where
-`jaxpar.parallel.partition.cut` does for --ranks stages. Every configuration is measured in
+run --ranks processes x 1 thread. Both pipelines cut the model where jaxpar cuts it for --ranks
+stages (`jaxpar.parallel.finer.plan`: the CNN inside conv2). Every configuration is measured in
 each of --rounds interleaved rounds (experiments.peers.rounds); a row is the median of the
 round medians, its ratio jaxpar / PyTorch of the same kind (pipeline of the same schedule,
 tensor parallelism). The section's rows, settings and load go to peers.json under
@@ -26,7 +26,8 @@ from experiments.points import Point
 from experiments.torch_point import TorchPoint
 from jaxpar.config import TrainConfig, with_options
 from jaxpar.errors import ConfigError
-from jaxpar.parallel import partition
+from jaxpar.parallel import finer
+
 
 SECTION = "model-parallel"
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}  # jaxpar's name: PyTorch's class
@@ -74,10 +75,11 @@ def train_config(config, entry: Entry) -> TrainConfig:
     return with_options(base, microbatches=config.microbatches, schedule=entry.schedule)
 
 
-def stage_starts(config) -> tuple[int, ...]:
-    """Where jaxpar cuts --mp-model into --ranks stages: the cut both frameworks run."""
+def stage_plan(config) -> finer.Plan:
+    """Where jaxpar's pipelines cut --mp-model into --ranks stages (the CNN inside conv2): the
+    cut both frameworks run."""
     entry = Entry("jaxpar", "", strategy="mpi-pipeline", schedule=config.schedules[0])
-    return partition.cut(train_config(config, entry), config.ranks)
+    return finer.plan(train_config(config, entry), config.ranks, inside=True)
 
 
 def plan(config) -> tuple[list[str], dict[str, str]]:
@@ -116,7 +118,8 @@ def point(config, key: str, k: int) -> Point | TorchPoint:
         return TorchPoint(folder, config.mp_model, mode, config.batch_size, config.iters, config.warmup,
                           config.ranks, config.adam, config.lr, matmul_peak=False,
                           microbatches=config.microbatches if pipelined else None,
-                          stage_starts=stage_starts(config) if pipelined else None)
+                          stage_starts=stage_plan(config).starts if pipelined else None,
+                          cut_channels=stage_plan(config).channels if pipelined else None)
     bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False)
     entry = entries(config)[key]
     return Point(folder, train_config(config, entry), bench, config.ranks if entry.on_ranks else None)
@@ -147,7 +150,9 @@ def section(config, records: dict, skipped: dict, failed: dict, load: list[float
     """What peers.json keeps of the section (metrics.model_parallel)."""
     settings = {k: getattr(config, k) for k in ("mp_model", "ranks", "microbatches", "schedules",
                                                 "batch_size", "lr", "adam", "iters", "warmup", "rounds")}
-    return {"config": {**settings, "stage_starts": list(stage_starts(config))},
+    cut = stage_plan(config)
+    return {"config": {**settings, "stage_starts": list(cut.starts), "stage_layers": list(cut.names),
+                       "cut_channels": cut.channels},
             "rows": rows(config, records), "skipped": skipped, "failed": failed,
             "load_average_1min": load,
             "torch": next((r["torch"] for recs in records.values() for r in recs if r.get("torch")), None)}
@@ -156,7 +161,8 @@ def section(config, records: dict, skipped: dict, failed: dict, load: list[float
 def table(mp: dict) -> str:
     """The section's markdown table and the settings behind it."""
     cfg = mp["config"]
-    starts = ", ".join(map(str, cfg["stage_starts"]))
+    names = cfg.get("stage_layers")  # recorded since the cut may fall inside conv2
+    starts = ", ".join(f"{s} ({names[s]})" if names else str(s) for s in cfg["stage_starts"])
     lines = [f"Model parallelism: {cfg['mp_model']} on {cfg['ranks']} ranks; the pipelines cut it into "
              f"{cfg['ranks']} stages starting at layers {starts} (jaxpar's cut, both frameworks), {cfg['microbatches']} "
              f"micro-batches, global batch {cfg['batch_size']}, Adam; {cfg['rounds']} interleaved "

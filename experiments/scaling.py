@@ -42,6 +42,7 @@ class ScalingConfig:
     ranks: tuple[int, ...] | None = option(None, "MPI process counts, e.g. 1,2: rank points (one thread per rank) beside the device points (default: none)")
     rank_strategies: tuple[str, ...] = option(("mpi-allreduce", "mpi-param-server", "dp-auto"), "strategies of the rank points (any that runs across processes; each on the --models it places, e.g. tensor, pipeline, mpi-pipeline on stack-mlp)", choices="strategy")
     batch_size: int = option(128, "global batch (strong) or per-device/per-rank batch (weak)")
+    microbatches: int = options.train_option("microbatches", 8)  # the pipelines' M (bound 2M/(M+1) on 2 stages)
     modes: tuple[str, ...] = option(MODES, "strong (fixed global batch) and/or weak (fixed batch per device or rank)")
     iters: int = options.iters()
     warmup: int = options.warmup()
@@ -60,7 +61,7 @@ def plan(config: ScalingConfig) -> list[Point]:
     bad = [m for m in config.modes if m not in MODES]
     if bad:
         raise ConfigError(f"--modes takes {' and/or '.join(MODES)}, got {', '.join(bad)}")
-    at_least(config, 1, "batch_size", "device_counts", "iters")
+    at_least(config, 1, "batch_size", "device_counts", "iters", "microbatches")
     at_least(config, 0, "warmup")
     if config.ranks:
         rank_scaling.check(config.rank_strategies, config.ranks, config.models)
@@ -84,7 +85,9 @@ def point(config: ScalingConfig, mode: str, model: str, strategy: str, devices: 
     train = with_options(TrainConfig(), dataset="synthetic", model=model, width=config.width,
                          depth=config.depth, strategy=strategy, devices=devices,
                          batch_size=config.batch_size * (workers if mode == "weak" else 1),
-                         single_thread=ranks is not None)
+                         single_thread=ranks is not None,
+                         **({"microbatches": config.microbatches}
+                            if "microbatches" in STRATEGIES[strategy].options else {}))
     folder = (f"{mode}/{model}-{strategy}-{devices}" if ranks is None
               else f"ranks/{mode}/{model}-{strategy}-r{ranks}")
     # --no-matmul-peak: speed-ups are ratios of images/s; a peak costs seconds a point.

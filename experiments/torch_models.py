@@ -136,20 +136,60 @@ def make_twin(name: str, **options) -> nn.Module:
     return TWINS[name](**{k: v for k, v in options.items() if v is not None})
 
 
-def layers(twin: nn.Module) -> list[tuple[str, nn.Module]]:
+def layers(twin: nn.Module, channels: int | None = None) -> list[tuple[str, nn.Module]]:
     """The twin's layers in jaxpar's order and names (`Model.layers()` of jaxpar.models): what a
     pipeline cuts into stages. Each wraps the twin's own modules (no copy of a parameter), and
-    run in order they are the twin's forward (tests/test_peers.py checks both)."""
+    run in order they are the twin's forward (tests/test_peers.py checks both). `channels`:
+    the CNN's conv2 as two layers, its first `channels` output channels and the rest, as
+    jaxpar's pipelines cut it (`jaxpar.parallel.finer`, `CNNCut`)."""
     if isinstance(twin, MLP):
         hidden = [(f"hidden{i}", nn.Sequential(nn.Flatten(1), layer, nn.ReLU()))
                   for i, layer in enumerate(twin.hidden)]
         return hidden + [("out", twin.out)]
     if isinstance(twin, CNN):
-        return [("conv1", nn.Sequential(twin.conv1, nn.ReLU(), nn.MaxPool2d(2))),
-                ("conv2", nn.Sequential(twin.conv2, nn.ReLU(), nn.MaxPool2d(2))),
+        out = twin.conv2.out_channels
+        conv2 = ([("conv2", nn.Sequential(twin.conv2, nn.ReLU(), nn.MaxPool2d(2)))] if channels is None else
+                 [(f"conv2[:{channels}]", FirstChannels(twin.conv2, channels)),
+                  (f"conv2[{channels}:{out}]", LastChannels(twin.conv2, channels))])
+        return [("conv1", nn.Sequential(twin.conv1, nn.ReLU(), nn.MaxPool2d(2))), *conv2,
                 ("fc1", nn.Sequential(nn.Flatten(1), twin.fc1, nn.ReLU())),
                 ("fc2", twin.fc2)]
     raise ValueError(f"{type(twin).__name__}: no layer list (only the MLP and the CNN are cut into stages)")
+
+
+def _channels_block(conv: nn.Conv2d, part: slice, h: torch.Tensor) -> torch.Tensor:
+    """Output channels `part` of `conv` on h, then ReLU and 2x2 max-pool (slices of the
+    twin's own parameters: their gradients land in the whole tensors)."""
+    y = F.conv2d(h, conv.weight[part], conv.bias[part], conv.stride, conv.padding)
+    return F.max_pool2d(F.relu(y), 2)
+
+
+class FirstChannels(nn.Module):
+    """conv2's first k output channels; hands on its input and its channels raveled side by
+    side per example (jaxpar's `CNNCut` layout, one tensor: what a pipeline stage sends)."""
+
+    def __init__(self, conv: nn.Conv2d, k: int):
+        super().__init__()
+        self.conv, self.k = conv, k
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        mine = _channels_block(self.conv, slice(0, self.k), h)
+        return torch.cat([h.flatten(1), mine.flatten(1)], 1)
+
+
+class LastChannels(nn.Module):
+    """conv2's other output channels on the input `FirstChannels` handed on, joined after its
+    channels: conv2's layer's output."""
+
+    def __init__(self, conv: nn.Conv2d, k: int, size: int = 14):
+        super().__init__()
+        self.conv, self.k, self.size = conv, k, size  # size: conv2's input height and width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c, n = self.conv.in_channels, self.conv.in_channels * self.size ** 2
+        h = x[:, :n].reshape(-1, c, self.size, self.size)
+        mine = x[:, n:].reshape(-1, self.k, self.size // 2, self.size // 2)
+        return torch.cat([mine, _channels_block(self.conv, slice(self.k, None), h)], 1)
 
 
 class Normalize(nn.Module):
@@ -169,11 +209,12 @@ class Contiguous(nn.Module):
         return x.contiguous()
 
 
-def stage(twin: nn.Module, starts: tuple[int, ...], index: int) -> nn.Sequential:
+def stage(twin: nn.Module, starts: tuple[int, ...], index: int, channels: int | None = None) -> nn.Sequential:
     """Stage `index` of the twin cut at `starts` (first layer of each stage, as
-    jaxpar.parallel.partition.cut gives them); the first stage normalises the images, every
-    stage but the last hands on a row-major tensor (what gloo sends)."""
-    found = layers(twin)
+    jaxpar.parallel.finer.plan gives them; `channels`: conv2 in two layers); the first stage
+    normalises the images, every stage but the last hands on a row-major tensor (what gloo
+    sends)."""
+    found = layers(twin, channels)
     ends = (*starts[1:], len(found))
     modules = [m for _, m in found[starts[index]:ends[index]]]
     return nn.Sequential(*([Normalize()] if index == 0 else []), *modules,

@@ -38,7 +38,7 @@ def pipeline_rank(rank: int, point: TorchPoint) -> dict:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     twin = torch_models.make_twin(point.model).train()  # same seed on every rank: same weights
-    module = torch_models.stage(twin, point.stage_starts, rank)
+    module = torch_models.stage(twin, point.stage_starts, rank, point.cut_channels)
     stage = PipelineStage(module, rank, point.ranks, torch.device("cpu"))
     kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[point.mode]
     schedule = kind(stage, n_microbatches=point.microbatches, loss_fn=F.cross_entropy)

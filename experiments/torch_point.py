@@ -53,6 +53,8 @@ class TorchPoint:
       device: where the model runs, a torch device ("cpu", "cuda"); eager and compile only.
       microbatches: micro-batches per global batch (pipelines only).
       stage_starts: first layer of each stage, one stage per rank (pipelines only).
+      cut_channels: the CNN's conv2 held as two layers split after this output channel, as
+        jaxpar's pipelines cut it (`jaxpar.parallel.finer`); None: whole layers.
     """
 
     folder: str
@@ -68,6 +70,7 @@ class TorchPoint:
     device: str = "cpu"
     microbatches: int | None = None
     stage_starts: tuple[int, ...] | None = None
+    cut_channels: int | None = None
 
     def settings(self) -> dict:
         """What its result must record to be reused (everything but where it lives, and the
@@ -86,7 +89,7 @@ class TorchPoint:
         return cls(**{**d, "stage_starts": None if starts is None else tuple(starts)})
 
 
-PIPELINE_FIELDS = ("microbatches", "stage_starts")
+PIPELINE_FIELDS = ("microbatches", "stage_starts", "cut_channels")
 
 
 def stored(folder: Path, point: TorchPoint) -> dict | None:

@@ -227,12 +227,38 @@ def _programs(stages: int, microbatches: int, updates: int) -> int:
     return microbatches * (2 * stages - 1) + updates
 
 
+def _finer(p: Problem, op: str) -> Problem:
+    """`p` with the CNN's conv2 in two layers where the strategy cuts inside it
+    (`jaxpar.parallel.finer`: overlapping stages as programs of their own, or MPI ranks, with no
+    tensor or data axis): each part a share of conv2's time, FLOPs and parameters; the first
+    hands on conv1's output with its own channels."""
+    from jaxpar.parallel import finer
+
+    c = p.compute
+    inside = (p.implementation == "mpmd" or op.startswith("mpi_")) and p.size("tensor") == p.size("data") == 1
+    plan = finer.finest(tuple(layer.name for layer in c.layers),
+                        tuple(layer.flops_per_example for layer in c.layers), p.size("stage")) if inside else None
+    if plan is None or p.model.get("model") != "cnn":
+        return p
+    conv1, conv2 = c.layers[0], c.layers[1]
+    parts = []
+    for name, share, handed in ((plan.names[1], plan.channels / finer.CNN.CONV2_FEATURES, conv1.out_bytes_per_example),
+                                (plan.names[2], 1 - plan.channels / finer.CNN.CONV2_FEATURES, 0.0)):
+        parts.append(dataclasses.replace(
+            conv2, name=name, flops_per_example=conv2.flops_per_example * share,
+            param_bytes=conv2.param_bytes * share,
+            out_bytes_per_example=handed + conv2.out_bytes_per_example * (share if handed else 1.0),
+            seconds=lambda b, share=share: conv2.seconds(b) * share))
+    return dataclasses.replace(p, compute=dataclasses.replace(c, layers=(conv1, *parts, *c.layers[2:])))
+
+
 def pipeline(p: Problem, op: str = "collective-permute") -> Work:
     """The pipeline's bound: S stages of `single`'s layers (cut by FLOPs), each micro-batch of
     B/(D*M) rows through every stage, (S - 1) slots of bubble, the activations and their
     gradients between stages (`_sends`), the update once per step;
     GPipe keeps M micro-batches' activations, 1F1B at most S. Tensor and data axes (hybrid)
     split each stage as `tensor` does and all-reduce the stage's gradient."""
+    p = _finer(p, op)
     c, s, m, d, t = p.compute, p.size("stage"), p.microbatches, p.size("data"), p.size("tensor")
     b = p.batch / d / m
     ranges = _stage_layers(p, s)

@@ -244,10 +244,31 @@ def test_twin_layers_are_jaxpars_layers_and_its_stages_are_its_forward(name):
     torch.testing.assert_close(staged, twin(images.float() / 255.0))
 
 
+def test_the_twin_cut_inside_conv2_is_its_forward_and_jaxpars_layers():
+    """The CNN twin with conv2 as two layers (where jaxpar's pipelines cut it): jaxpar's layer
+    names, and its stages cut between the parts are the twin's forward; the gradient of the
+    loss reaches conv2's whole kernel (both parts' slices)."""
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
+    from experiments import torch_models
+    from jaxpar.models.cnn import CNN, CNNCut
+    from flax import nnx
+
+    twin = torch_models.make_twin("cnn")
+    names = [n for n, _ in torch_models.layers(twin, 24)]
+    assert names == [layer.name for layer in CNNCut(CNN(rngs=nnx.Rngs(0)), 24, (28, 28, 1)).layers()]
+    images = torch_models.images(datalib.synthetic(4, seed=0)[0])
+    stages = [torch_models.stage(twin, (0, 2), i, channels=24) for i in range(2)]
+    staged = stages[1](stages[0](images))
+    torch.testing.assert_close(staged, twin(images.float() / 255.0))
+    staged.square().sum().backward()
+    grad = twin.conv2.weight.grad
+    assert grad is not None and bool((grad[:24].abs().sum() > 0) & (grad[24:].abs().sum() > 0))
+
+
 def test_pytorch_pipelines_cut_where_jaxpar_cuts_with_the_same_micro_batches():
     pytest.importorskip("torch", reason=NO_TORCH)
     from experiments import peers_mp
-    from jaxpar.parallel import partition
+    from jaxpar.parallel import finer
 
     config = dataclasses.replace(peers.PeersConfig(), rounds=1)  # the CNN, M=8, 2 ranks
     for schedule in ("gpipe", "1f1b"):
@@ -256,7 +277,8 @@ def test_pytorch_pipelines_cut_where_jaxpar_cuts_with_the_same_micro_batches():
             ours = peers_mp.point(config, f"jaxpar-{where}-{schedule}", 0)
             p = ours.config.parallel
             assert (p.microbatches, p.schedule) == (theirs.microbatches, schedule) == (8, schedule)
-            assert theirs.stage_starts == partition.cut(ours.config, 2) == (0, 2)  # conv1, conv2 | fc1, fc2
+            cut = finer.plan(ours.config, 2, inside=True)  # conv1, conv2[:k] | conv2[k:], fc1, fc2
+            assert (theirs.stage_starts, theirs.cut_channels) == (cut.starts, cut.channels) == ((0, 2), 32)
             assert (ours.ranks, p.single_thread) == ((2, True) if "ranks" in where or "mpi" in where
                                                      else (None, False))
         assert (theirs.mode, theirs.ranks, theirs.batch_size) == (schedule, 2, config.batch_size)

@@ -50,7 +50,7 @@ from jaxpar import data as datalib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE
 from jaxpar.models import sequence
-from jaxpar.parallel import host_compile, host_timeline, host_walk, layout, partition, processes, schedules
+from jaxpar.parallel import finer, host_compile, host_timeline, host_walk, layout, processes, schedules
 from jaxpar.parallel.base import Strategy
 from jaxpar.parallel.stages import leaves, nest
 
@@ -93,6 +93,7 @@ class HostPipeline(Strategy):
     axes = (STAGE,)
     replicas = 1
     implementation = "mpmd"  # how the stages run (`describe`, results)
+    cuts_inside_layers = False  # whether stages may part a layer (`finer`: overlapping stages)
 
     # --- what subclasses choose --------------------------------------------------------------
     @property
@@ -116,13 +117,16 @@ class HostPipeline(Strategy):
         if problems:
             raise ConfigError(" ".join(problems))
         self.M = self.microbatches
-        self.starts = partition.cut(self.config, S) if S > 1 else (0,)
+        self.plan = finer.plan(self.config, S, inside=self.cuts_inside_layers)
+        self.starts = self.plan.starts
+        _, ref_params, ref_state = steplib.split_model(model)
+        image_shape = datalib.spec(self.config.data).image_shape
+        model = self.plan.model(model, image_shape)  # the layers the stages are cut from
         layers = model.layers()
         self.ranges = [range(a, b) for a, b in zip(self.starts, (*self.starts[1:], len(layers)))]
         self.keys = [[k for i in r for k in layers[i].keys] for r in self.ranges]
         self.names = [[layers[i].name for i in r] for r in self.ranges]
         # elements per example each stage hands to the next (shapes only)
-        image_shape = datalib.spec(self.config.data).image_shape
         h, self.boundaries = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32), []
         for r in self.ranges[:-1]:
             h = jax.eval_shape(lambda x, r=r: sequence.apply([layers[i] for i in r], x), h)
@@ -133,7 +137,7 @@ class HostPipeline(Strategy):
         self.stamps, self._stamped_jits = host_timeline.Stamps(), {}  # `timeline` only
         self._shapes_elsewhere: dict = {}  # (program, device id) -> its outputs' shapes
         self._build_programs()
-        return self.state_from_reference(steplib.init_state(params, model_state, tx))
+        return self.state_from_reference(steplib.init_state(ref_params, ref_state, tx))
 
     def _stage_devices(self, mesh) -> list:
         """One device per stage position (here every device of the mesh holds one stage)."""
@@ -169,7 +173,7 @@ class HostPipeline(Strategy):
         return nest([(path, x) for path, x in leaves(tree) if owned(path)])
 
     def state_from_reference(self, ref):
-        ref = jax.device_get(ref)
+        ref = self.plan.to_view(jax.device_get(ref))
         params, opts, stats = [], [], []
         for r, s in self.copies:
             p = self._stage_params(ref.params, s)
@@ -185,8 +189,9 @@ class HostPipeline(Strategy):
                                               model_state=state.model_state[mine]))
         params = pick(self.shapes, list(state.params))
         opt = pick(jax.eval_shape(self.tx.init, self.shapes), list(state.opt_state))
-        return steplib.TrainState(step=state.step, params=params, opt_state=opt,
-                                  model_state=pick(self.state_shapes, list(state.model_state)))
+        return self.plan.from_view(steplib.TrainState(
+            step=state.step, params=params, opt_state=opt,
+            model_state=pick(self.state_shapes, list(state.model_state))))
 
     def _copy(self, tree, r, s):
         return tree[r * self.S + s]
@@ -357,7 +362,7 @@ class HostPipeline(Strategy):
 
     def gradients(self, state, batch):
         acc, _, _ = self._grads(state, batch)
-        return pick(self.shapes, processes.fetch(list(acc[:self.S])))
+        return self.plan.from_view(pick(self.shapes, processes.fetch(list(acc[:self.S]))))
 
     def eval_step(self, state, batch):
         x = batch["image"][0]
@@ -413,7 +418,7 @@ class HostPipeline(Strategy):
     def describe(self):
         return {**super().describe(), "stages": self.S, "stage_starts": list(self.starts),
                 "stage_layers": self.names, "implementation": self.implementation,
-                "stage_flops_per_example": partition.stage_costs(self.config, self.starts),
+                "stage_flops_per_example": self.plan.stage_costs(), **self.plan.describe(),
                 "stage_param_bytes": self.stage_param_bytes(),
                 "boundary_elements_per_example": self.boundaries,
                 "stage_transfer_bytes_per_step": self.transfer_bytes_per_step()}

@@ -75,6 +75,8 @@ def timeline(pipe, state, batch) -> list[dict]:
     begin = min(t[0] for t in stamps.times.values())
     events = []
     for tag, op in enumerate(stamps.ops):
+        if tag not in stamps.times:
+            continue  # a program of another process's device (jax.distributed): its own timeline
         start, end = stamps.times[tag]
         events.append({**op, "start_ms": 1000 * (start - begin), "end_ms": 1000 * (end - begin)})
     return events

@@ -37,6 +37,7 @@ from jaxpar.parallel.pipeline_mpmd import PipelineMPMD
 
 class HybridMPMD(HybridFace, PipelineMPMD):
     implementation = "mpmd"
+    cuts_inside_layers = False  # its stages' tensor split is per layer of the model's own
 
     def _stage_devices(self, mesh) -> list:
         """Each stage's sub-mesh (the mesh without its STAGE axis, at that stage's index);

@@ -17,17 +17,21 @@ jitted step, written out slot by slot (the table is known when tracing).
 Deadlock-free by construction. Every rank walks the same table and, after each slot, the same
 two message phases: forward (activations s -> s+1), then backward (gradients s -> s-1). Both
 ends of a message read it off the shared table, so every send meets its receive in the same
-phase, and a rank that sends and receives in one phase does both in one `mpi4jax.sendrecv`.
-All messages of a phase go the same way along the chain of ranks, so no rank waits on one that
-waits back on it (the waits form no cycle: the end of the chain always completes, then the rank
-before it), and the k-th message from one rank to another matches the k-th receive posted for
-it (MPI keeps the messages between two ranks in order). mpi4jax's calls are ordered effects:
-the compiled program keeps this order.
+phase; in a phase a rank first meets the neighbour it receives from, then the one it sends
+to. All messages of a phase go the same way along the chain of ranks, so no rank waits on one
+that waits back on it (the waits form no cycle: the end of the chain always completes, then
+the rank before it), and the k-th message from one rank to another matches the k-th receive
+posted for it (MPI keeps the messages between two ranks in order). mpi4jax's calls are
+ordered effects: the compiled program keeps this order. The computations keep the table's
+order too: each message is a `sendrecv` answered with 4 bytes, and every slot's inputs wait
+for what came before (`_after`); left to itself XLA ran all of rank 0's forwards before its
+first send, and two ranks were no faster than one.
 
 Point-to-point bytes per step: rank s sends its output per micro-batch forward (s < S-1, A_s
 bytes) and the gradient of its input backward (s > 0, A_{s-1}), and receives the same two
-shapes: 2 M sum_b A_b over the pipeline (A_b: one micro-batch's activation at boundary b). The 3 metric sums are broadcast from the
-last rank (12 bytes), so every rank sees the loss.
+shapes: 2 M sum_b A_b over the pipeline (A_b: one micro-batch's activation at boundary b),
+and 4 bytes back for each. The 3 metric sums are broadcast from the last rank (12 bytes), so
+every rank sees the loss.
 
     mpiexec -n 2 python -m mpi4py -m experiments train --strategy mpi-pipeline \\
         --model stack-mlp --microbatches 4 --schedule 1f1b --dataset synthetic --steps 50
@@ -47,11 +51,28 @@ from jaxpar import data as datalib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE
 from jaxpar.models import sequence
-from jaxpar.parallel import layout, mpi_common, partition, schedules
+from jaxpar.parallel import finer, layout, mpi_common, partition, schedules
 from jaxpar.parallel.layer_split import pick
 from jaxpar.parallel.stages import leaves, nest
 
 SUMS_BYTES = 4 * len(steplib.SUMS)  # the f32 metric sums broadcast from the last rank
+ANSWER_BYTES = 4  # each message's answer (`_receive`): one f32
+
+
+def _tie(order, tree):
+    """`order`, now also after every leaf of `tree` was computed (received): one element of
+    each, times zero, added (XLA keeps a float product with zero: it might be NaN)."""
+    return order + 0.0 * sum(leaf.ravel()[0] for leaf in jax.tree.leaves(tree) if leaf.size)
+
+
+def _answer():
+    return jnp.zeros((), jnp.float32)
+
+
+def _after(x, order):
+    """`x`, usable only after `order` (a zero that depends on what came first): a computation
+    on it cannot move before that."""
+    return x + order.astype(x.dtype)
 
 
 class MpiPipeline(mpi_common.OnePerRank):
@@ -92,7 +113,11 @@ class MpiPipeline(mpi_common.OnePerRank):
         if problems:
             raise ConfigError(problems[0])
         self.M = self.config.parallel.microbatches
-        self.starts = partition.cut(self.config, self.size)
+        self.plan = finer.plan(self.config, self.size, inside=True)
+        self.starts = self.plan.starts
+        _, ref_params, ref_state = steplib.split_model(model)
+        image_shape = datalib.spec(self.config.data).image_shape
+        model = self.plan.model(model, image_shape)  # the layers the stages are cut from
         layers = model.layers()
         ends = (*self.starts[1:], len(layers))
         self.ranges = [range(a, b) for a, b in zip(self.starts, ends)]
@@ -100,7 +125,6 @@ class MpiPipeline(mpi_common.OnePerRank):
         self.keys = [[k for i in r for k in layers[i].keys] for r in self.ranges]
         self.names = [[layers[i].name for i in r] for r in self.ranges]
         # per-example shape of what crosses each boundary (stage b's output)
-        image_shape = datalib.spec(self.config.data).image_shape
         h, self.boundaries = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32), []
         for r in self.ranges[:-1]:
             h = jax.eval_shape(lambda x, r=r: sequence.apply([layers[i] for i in r], x), h)
@@ -114,7 +138,7 @@ class MpiPipeline(mpi_common.OnePerRank):
         self._register("step", self._step, donate_argnums=0)
         self._register("gradients", lambda st, b: self._grads(st.params, b)[0])
         self._register("eval_step", self._eval)
-        return self.state_from_reference(steplib.init_state(params, self.model_state, tx))
+        return self.state_from_reference(steplib.init_state(ref_params, ref_state, tx))
 
     def _stage_params(self, params, s: int):
         """Stage s's sub-dict of `params`: its layers' parameters."""
@@ -122,7 +146,7 @@ class MpiPipeline(mpi_common.OnePerRank):
         return nest([(path, x) for path, x in leaves(params) if owned(path)])
 
     def state_from_reference(self, ref):
-        ref = jax.device_get(ref)
+        ref = self.plan.to_view(jax.device_get(ref))
         params = self._stage_params(ref.params, self.rank)
         opt = pick(jax.eval_shape(self.tx.init, params), [ref.opt_state])
         return jax.device_put(steplib.TrainState(step=ref.step, params=params, opt_state=opt,
@@ -133,8 +157,8 @@ class MpiPipeline(mpi_common.OnePerRank):
         every = self.comm.allgather((mine.params, mine.opt_state))  # stage by stage
         params = pick(self.shapes, [p for p, _ in every])
         opt = pick(jax.eval_shape(self.tx.init, self.shapes), [o for _, o in every])
-        return steplib.TrainState(step=mine.step, params=params, opt_state=opt,
-                                  model_state=mine.model_state)
+        return self.plan.from_view(steplib.TrainState(step=mine.step, params=params, opt_state=opt,
+                                                      model_state=mine.model_state))
 
     def place_batch(self, batch):
         # Each rank places what its stage reads: images on the first, labels on the last;
@@ -145,7 +169,7 @@ class MpiPipeline(mpi_common.OnePerRank):
 
     def gradients(self, state, batch):
         every = self.comm.allgather(jax.device_get(self._call("gradients", state, batch)))
-        return pick(self.shapes, every)
+        return self.plan.from_view(pick(self.shapes, every))
 
     # --- the stage ------------------------------------------------------------------------------
     def _model(self, params):
@@ -196,24 +220,29 @@ class MpiPipeline(mpi_common.OnePerRank):
         inbox, kept = {"F": {}, "B": {}}, {}  # by micro-batch: what arrived, what F keeps for B
         grads = jax.tree.map(jnp.zeros_like, params)
         sums = {k: jnp.zeros((), jnp.float32) for k in steplib.SUMS}
+        order = jnp.zeros((), jnp.float32)  # what every later slot waits for (`_after`)
         for row in self.table:
             out = {"F": None, "B": None}
             if row[s] is not None and row[s][0] == "F":
                 m = row[s][1]
-                x = mb["image"][m] if s == 0 else inbox["F"].pop(m)
+                x = _after(mb["image"][m] if s == 0 else inbox["F"].pop(m), order)
                 out["F"], sums_m = self._forward_slot(params, self._stage_fn(mb, m, denom), x, kept, m)
                 sums = jax.tree.map(jnp.add, sums, sums_m)
+                order = _tie(order, (out["F"], sums_m))
             elif row[s] is not None:
                 m = row[s][1]
-                ct = jnp.ones((), jnp.float32) if s == S - 1 else inbox["B"].pop(m)
+                ct = _after(jnp.ones((), jnp.float32) if s == S - 1 else inbox["B"].pop(m), order)
                 d_params, out["B"] = self._backward_slot(params, kept.pop(m), ct)
                 grads = jax.tree.map(jnp.add, grads, d_params)
+                order = _tie(order, d_params)  # the slot's receives wait for its work
             for kind, step in (("F", 1), ("B", -1)):  # the two message phases of this slot
                 sender = s - step  # the neighbour whose messages of this kind come here
-                expect = 0 <= sender < S and row[sender] is not None and row[sender][0] == kind
-                got = self._exchange(out[kind], s + step, expect, sender, arrives[kind])
-                if expect:
+                if 0 <= sender < S and row[sender] is not None and row[sender][0] == kind:
+                    got = self._receive(arrives[kind], sender, order)
                     inbox[kind][row[sender][1]] = got
+                    order = _tie(order, got)
+                if out[kind] is not None:
+                    order = _tie(order, self._send(out[kind], s + step))
         return grads, sums
 
     def _forward_slot(self, params, f, x, kept, m):
@@ -234,15 +263,15 @@ class MpiPipeline(mpi_common.OnePerRank):
             kept = self._vjp(f, params, x)[1]
         return kept(ct)
 
-    def _exchange(self, send, dest: int, expect: bool, source: int, act):
-        """Send `send` (None: nothing) to `dest` and, if `expect`, receive one `act` from
-        `source`, in one call when both."""
-        template = jnp.zeros(act.shape, act.dtype) if expect else None
-        if send is not None and expect:
-            return self.mpi4jax.sendrecv(send, template, source, dest, comm=self.jcomm)
-        if send is not None:
-            self.mpi4jax.send(send, dest, comm=self.jcomm)
-        return self.mpi4jax.recv(template, source, comm=self.jcomm) if expect else None
+    # Messages (the module's docstring: why each has an answer, and the order of a phase's).
+    def _receive(self, act, source: int, order):
+        """One `act` from `source`, answered with 4 bytes."""
+        template = _after(jnp.zeros(act.shape, act.dtype), order)
+        return self.mpi4jax.sendrecv(_after(_answer(), order), template, source, source, comm=self.jcomm)
+
+    def _send(self, x, dest: int):
+        """`x` to `dest`; returns its 4-byte answer (what the next slot waits for)."""
+        return self.mpi4jax.sendrecv(x, _answer(), dest, dest, comm=self.jcomm)
 
     def _share(self, sums):
         """The last rank's metric sums, on every rank (one broadcast of 3 floats)."""
@@ -275,9 +304,9 @@ class MpiPipeline(mpi_common.OnePerRank):
 
     def _rank_bytes(self, s: int) -> int:
         """What rank s sends (and receives) per step: M outputs forward unless last, M input
-        gradients backward unless first."""
-        A = self._activation_bytes()
-        return self.M * ((A[s] if s < self.size - 1 else 0) + (A[s - 1] if s > 0 else 0))
+        gradients backward unless first, and a 4-byte answer to each message it receives."""
+        A, last = self._activation_bytes(), self.size - 1
+        return self.M * ((A[s] + ANSWER_BYTES if s < last else 0) + (A[s - 1] + ANSWER_BYTES if s > 0 else 0))
 
     def theory(self) -> dict[str, int]:
         """Bytes this rank sends and receives point-to-point per step, the 12-byte broadcast of
@@ -286,7 +315,7 @@ class MpiPipeline(mpi_common.OnePerRank):
         busiest = max(self._rank_bytes(r) for r in range(self.size))
         return {"point_to_point_sent": sent, "point_to_point_received": sent, "mpi_bcast": SUMS_BYTES,
                 "total": sent + SUMS_BYTES,
-                "pipeline_point_to_point": 2 * self.M * sum(self._activation_bytes()),
+                "pipeline_point_to_point": sum(self._rank_bytes(r) for r in range(self.size)),
                 "busiest_rank_sent": busiest, "busiest_rank_received": busiest}
 
     def accounting(self, programs, state) -> dict:
@@ -324,13 +353,12 @@ class MpiPipeline(mpi_common.OnePerRank):
         return {**super().describe(), "processes": self.size, "devices": self.size,
                 "stages": self.size, "microbatches": self.M, "schedule": self.config.parallel.schedule,
                 "stage_starts": list(self.starts), "stage_layers": self.names,
-                "stage_flops_per_example": partition.stage_costs(self.config, self.starts),
+                "stage_flops_per_example": self.plan.stage_costs(), **self.plan.describe(),
                 "boundary_shapes_per_example": [list(b) for b in self.boundaries],
                 "slots": len(self.table),
                 "bubble_fraction": schedules.bubble_fraction(self.table),
                 "bubble_theory": schedules.bubble_theory(self.size, self.M),
                 "peak_in_flight_per_stage": schedules.peak_in_flight(self.table),
-                "speedup_bound": partition.speedup_bound(self.config, self.starts,
-                                                         schedules.bubble_fraction(self.table)),
+                "speedup_bound": self.plan.speedup_bound(schedules.bubble_fraction(self.table)),
                 "remat": self.config.parallel.remat, "stage_param_bytes": self.stage_param_bytes(),
-                "messages": "mpi4jax send / recv / sendrecv between neighbouring ranks"}
+                "messages": "mpi4jax sendrecv between neighbouring ranks, each answered with 4 bytes"}

@@ -97,3 +97,25 @@ def test_cnn_split_across_processes_runs_by_permutes(comm):
     got = eq.run(eq.config(strategy="tensor", **cnn), steps=3)
     assert got.strategy.describe()["collective_form"] == "permute"
     eq.assert_equivalent(ref, got)
+
+
+def test_mpi_pipeline_cuts_the_cnn_inside_conv2_and_runs_the_table_in_order(comm):
+    """Without --stage-boundaries the CNN is cut inside conv2 (`finer`: whole layers leave
+    ~85% of the work on one rank) and equals `single`. Each rank's compiled step keeps the
+    table's order: a message between every two of its stage computations (left to itself
+    XLA ran rank 0's forwards all before its first send, and 2 ranks were no faster than 1)."""
+    S = comm.Get_size()
+    cnn = lambda **o: eq.config(batch_size=16 * S, model="cnn", width=None, depth=None, lr=0.01, **o)  # noqa: E731
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(jax, "devices", jax.local_devices)
+        ref = eq.run(cnn(strategy="single"), steps=3)
+    got = eq.run(cnn(strategy="mpi-pipeline", microbatches=4), steps=3)
+    assert got.strategy.describe()["cut_inside"] is not None
+    eq.assert_equivalent(ref, got)
+    batch = got.strategy.place_batch(eq.batches(16 * S, 1)[0])
+    text = jax.jit(got.strategy._step).lower(got.state, batch).compile().as_text()
+    entry = text[text.index("\nENTRY"):]
+    order = [("conv" if " convolution(" in line else "msg") for line in entry.splitlines()
+             if " convolution(" in line or "mpi_sendrecv" in line]
+    convs_before_first_message = order.index("msg")
+    assert convs_before_first_message <= 3, order  # rank 0: one micro-batch's forward at most
