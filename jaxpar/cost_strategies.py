@@ -229,13 +229,14 @@ def _programs(stages: int, microbatches: int, updates: int) -> int:
 
 def _finer(p: Problem, op: str) -> Problem:
     """`p` with the CNN's conv2 in two layers where the strategy cuts inside it
-    (`jaxpar.parallel.finer`: overlapping stages as programs of their own, or MPI ranks, with no
-    tensor or data axis): each part a share of conv2's time, FLOPs and parameters; the first
-    hands on conv1's output with its own channels."""
+    (`jaxpar.parallel.finer`: `mpi-pipeline`; the stage programs cut inside only on
+    accelerators, whose pipelines run as one SPMD program by default): each part a share of
+    conv2's time, FLOPs and parameters; the first hands on conv1's output with its own
+    channels."""
     from jaxpar.parallel import finer
 
     c = p.compute
-    inside = (p.implementation == "mpmd" or op.startswith("mpi_")) and p.size("tensor") == p.size("data") == 1
+    inside = op.startswith("mpi_") and p.size("tensor") == p.size("data") == 1
     plan = finer.finest(tuple(layer.name for layer in c.layers),
                         tuple(layer.flops_per_example for layer in c.layers), p.size("stage")) if inside else None
     if plan is None or p.model.get("model") != "cnn":

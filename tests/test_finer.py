@@ -65,14 +65,23 @@ def test_the_cnn_is_cut_inside_conv2_where_whole_layers_cannot_balance():
     assert finer.plan(eq.config(model="mlp", width=32, depth=3), 2, True).channels is None
 
 
-@pytest.mark.parametrize("strategy,inside", [("pipeline", True), ("gems", True), ("layer-split", False)])
-def test_overlapping_pipelines_cut_inside_and_equal_single(strategy, inside):
-    """`pipeline` and `gems` (stage programs) take the finer cut and still equal `single`;
-    `layer-split`, whose stages never overlap, keeps whole layers."""
+@pytest.mark.parametrize("strategy", ["pipeline", "gems"])
+def test_stage_programs_cut_inside_where_stages_have_workers_and_equal_single(strategy, monkeypatch):
+    """`pipeline` and `gems` as stage programs keep whole layers on CPU (devices share the
+    cores) and cut inside conv2 where stages have workers of their own (an accelerator;
+    forced here): either way they equal `single`."""
+    from jaxpar.parallel.pipeline_mpmd import PipelineMPMD
+
     cfg = dict(model="cnn", width=None, depth=None, batch_size=16, lr=0.01)
     ref = eq.run(eq.config(strategy="single", **cfg), steps=2, devices=1)
-    got = eq.run(eq.config(strategy=strategy, mesh="stage=2", microbatches=4, pipeline_impl="mpmd", **cfg)
-                 if strategy != "layer-split" else eq.config(strategy=strategy, mesh="stage=2", **cfg),
-                 steps=2, devices=2)
-    assert (got.strategy.describe()["cut_inside"] is not None) == inside
+    staged = eq.config(strategy=strategy, mesh="stage=2", microbatches=4, pipeline_impl="mpmd", **cfg)
+    assert eq.run(staged, steps=1, devices=2).strategy.describe()["cut_inside"] is None  # CPU
+    monkeypatch.setattr(PipelineMPMD, "cuts_inside_layers", True)
+    got = eq.run(staged, steps=2, devices=2)
+    assert got.strategy.describe()["cut_inside"] is not None
     eq.assert_equivalent(ref, got)
+
+
+def test_layer_split_keeps_whole_layers():
+    cfg = eq.config(strategy="layer-split", mesh="stage=2", model="cnn", width=None, depth=None, batch_size=16)
+    assert eq.run(cfg, steps=1, devices=2).strategy.describe()["cut_inside"] is None

@@ -60,9 +60,11 @@ ANSWER_BYTES = 4  # each message's answer (`_receive`): one f32
 
 
 def _tie(order, tree):
-    """`order`, now also after every leaf of `tree` was computed (received): one element of
-    each, times zero, added (XLA keeps a float product with zero: it might be NaN)."""
-    return order + 0.0 * sum(leaf.ravel()[0] for leaf in jax.tree.leaves(tree) if leaf.size)
+    """`order`, now also after every leaf of `tree` was computed (received): a zero made from
+    one element of each (whether it is NaN, times zero: XLA does not fold a float product
+    with zero, and a NaN or inf in a diverging run still gives zero) added to it."""
+    return order + sum(jnp.isnan(leaf.ravel()[0]).astype(jnp.float32) * 0.0
+                       for leaf in jax.tree.leaves(tree) if leaf.size)
 
 
 def _answer():
