@@ -114,12 +114,12 @@ def point(config, key: str, k: int) -> Point | TorchPoint:
     folder = f"points/{config.mp_model}/mp/{key}/r{k}"
     if key.startswith("torch-"):
         mode = key.removeprefix("torch-")
-        pipelined = mode in SCHEDULES
+        cut = stage_plan(config) if mode in SCHEDULES else None  # pipelines only
         return TorchPoint(folder, config.mp_model, mode, config.batch_size, config.iters, config.warmup,
                           config.ranks, config.adam, config.lr, matmul_peak=False,
-                          microbatches=config.microbatches if pipelined else None,
-                          stage_starts=stage_plan(config).starts if pipelined else None,
-                          cut_channels=stage_plan(config).channels if pipelined else None)
+                          microbatches=config.microbatches if cut else None,
+                          stage_starts=cut.starts if cut else None,
+                          cut_channels=cut.channels if cut else None)
     bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False)
     entry = entries(config)[key]
     return Point(folder, train_config(config, entry), bench, config.ranks if entry.on_ranks else None)

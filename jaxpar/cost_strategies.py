@@ -236,10 +236,11 @@ def _finer(p: Problem, op: str) -> Problem:
     from jaxpar.parallel import finer
 
     c = p.compute
-    inside = op.startswith("mpi_") and p.size("tensor") == p.size("data") == 1
+    if not (op.startswith("mpi_") and p.model.get("model") == "cnn" and p.size("tensor") == p.size("data") == 1):
+        return p
     plan = finer.finest(tuple(layer.name for layer in c.layers),
-                        tuple(layer.flops_per_example for layer in c.layers), p.size("stage")) if inside else None
-    if plan is None or p.model.get("model") != "cnn":
+                        tuple(layer.flops_per_example for layer in c.layers), p.size("stage"))
+    if plan is None:
         return p
     conv1, conv2 = c.layers[0], c.layers[1]
     parts = []

@@ -137,22 +137,6 @@ def cut(config: TrainConfig, stages: int) -> tuple[int, ...]:
     return balanced([c for _, c in layers], stages)
 
 
-def stage_costs(config: TrainConfig, starts: tuple[int, ...]) -> list[float]:
-    """Training FLOPs per example of each stage of the cut `starts`."""
-    costs = [c for _, c in model_layers(config.model, datalib.spec(config.data))]
-    ends = (*starts[1:], len(costs))
-    return [sum(costs[a:b]) for a, b in zip(starts, ends)]
-
-
-def speedup_bound(config: TrainConfig, starts: tuple[int, ...], bubble: float) -> float:
-    """The most S stages with a schedule idling `bubble` of the time can speed a step up on S
-    dedicated workers: the step's FLOPs over the costliest stage's, less the bubble. A cut
-    no better balanced than the layers allow bounds it (the CNN's conv2 is ~85% of its FLOPs,
-    so 2 stages cannot reach 1.5x whatever the schedule)."""
-    costs = stage_costs(config, starts)
-    return sum(costs) / max(costs) * (1.0 - bubble)
-
-
 def layer_names(model_config: ModelConfig) -> list[str]:
     """The names of the model's layers, in order (no cost analysis: for checks)."""
     return [layer.name for layer in abstract_model(model_config).layers()]

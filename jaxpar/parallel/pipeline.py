@@ -37,7 +37,7 @@ from jaxpar import mesh as meshlib
 from jaxpar import step as steplib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE, TENSOR
-from jaxpar.parallel import layout, partition, processes, schedules
+from jaxpar.parallel import finer, layout, processes, schedules
 from jaxpar.parallel.base import Strategy
 from jaxpar.parallel.layout import map_param_trees
 from jaxpar.parallel.pipeline_common import PipelineFace, resolve_impl
@@ -76,7 +76,8 @@ class Pipeline(PipelineFace, Strategy):
         self.S, self.M = mesh.shape[STAGE], cfg.parallel.microbatches
         shards = mesh.shape[self.data_axis] if self.data_axis else 1
         self.rows = cfg.data.batch_size // (shards * self.M)
-        self.starts = partition.cut(cfg, self.S)
+        self.plan = finer.plan(cfg, self.S, inside=False)  # one SPMD program: whole layers
+        self.starts = self.plan.starts
         self.stages = self._stages(model)
         self.graphdef, params, model_state = steplib.split_model(model)
         self.ref_params, self.ref_state = layout.abstract(params), layout.abstract(model_state)
@@ -342,7 +343,7 @@ class Pipeline(PipelineFace, Strategy):
         return {**super().describe(), "implementation": self.implementation,
                 "stages": self.S, "microbatches": self.M,
                 "schedule": self.schedule_name, "stage_starts": list(self.starts),
-                "stage_flops_per_example": partition.stage_costs(self.config, self.starts),
+                "stage_flops_per_example": self.plan.stage_costs(),
                 **self.stages.describe(),
                 "padding_bytes_per_step": self.padding_bytes_per_step(),
                 "slots": len(self.table), "bubble_fraction": schedules.bubble_fraction(self.table),
