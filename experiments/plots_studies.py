@@ -348,9 +348,11 @@ def peers_bars(data: dict, out: Path) -> Path:
     plt = pyplot()
     rows, env, cfg = data["metrics"]["rows"], data["env"], data["config"]
     panels = {model: [r for r in rows if r["model"] == model] for model in dict.fromkeys(r["model"] for r in rows)}
+    rounds = dict.fromkeys(panels, cfg["rounds"])  # each section runs rounds of its own
     mp = data["metrics"].get("model_parallel")
     if mp and mp["rows"]:  # the model-parallel section, a panel of its own
-        panels[f"{mp['config']['mp_model']}, model parallelism"] = mp["rows"]
+        title = f"{mp['config']['mp_model']}, model parallelism"
+        panels[title], rounds[title] = mp["rows"], mp["config"]["rounds"]
     tallest = max((len(p) for p in panels.values()), default=1)
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 1.0 + 0.45 * tallest * len(panels)), squeeze=False)
     for ax, (model, panel) in zip(axes[:, 0], panels.items()):
@@ -366,10 +368,10 @@ def peers_bars(data: dict, out: Path) -> Path:
                 note += f"  ({r['ratio_vs_peer']:.2f}x {r['peer'].removeprefix('torch-')})"
             ax.text(r["images_per_sec"], i, " " + note, va="center", fontsize=8)
         ax.set_xlim(0, max(ips) * 1.45)
-        ax.set_title(f"{model}: images/s (jaxpar / PyTorch peer in brackets)", fontsize=10)
-    axes[-1, 0].set_xlabel(f"images/s, global batch {cfg['batch_size']}, median of {cfg['rounds']} "
-                           f"interleaved rounds; {env['cpu_cores']} CPU cores, jax {env['jax']}, "
-                           f"torch {env.get('torch')}")
+        ax.set_title(f"{model}: images/s, median of {rounds[model]} interleaved rounds "
+                     "(jaxpar / PyTorch peer in brackets)", fontsize=10)
+    axes[-1, 0].set_xlabel(f"images/s, global batch {cfg['batch_size']}; {env['cpu_cores']} CPU cores, "
+                           f"jax {env['jax']}, torch {env.get('torch')}")
     fig.tight_layout()
     return save(fig, out / "peers.png")
 

@@ -43,6 +43,8 @@ class ScalingConfig:
     rank_strategies: tuple[str, ...] = option(("mpi-allreduce", "mpi-param-server", "dp-auto"), "strategies of the rank points (any that runs across processes; each on the --models it places, e.g. tensor, pipeline, mpi-pipeline on stack-mlp)", choices="strategy")
     batch_size: int = option(128, "global batch (strong) or per-device/per-rank batch (weak)")
     microbatches: int = options.train_option("microbatches", 8)  # the pipelines' M (bound 2M/(M+1) on 2 stages)
+    # 1F1B: ranks that meet between rounds pair each forward with a backward (mpi_pipeline.py)
+    schedule: str = options.train_option("schedule", "1f1b")
     modes: tuple[str, ...] = option(MODES, "strong (fixed global batch) and/or weak (fixed batch per device or rank)")
     iters: int = options.iters()
     warmup: int = options.warmup()
@@ -87,7 +89,9 @@ def point(config: ScalingConfig, mode: str, model: str, strategy: str, devices: 
                          batch_size=config.batch_size * (workers if mode == "weak" else 1),
                          single_thread=ranks is not None,
                          **({"microbatches": config.microbatches}
-                            if "microbatches" in STRATEGIES[strategy].options else {}))
+                            if "microbatches" in STRATEGIES[strategy].options else {}),
+                         **({"schedule": config.schedule}
+                            if "schedule" in STRATEGIES[strategy].options else {}))
     folder = (f"{mode}/{model}-{strategy}-{devices}" if ranks is None
               else f"ranks/{mode}/{model}-{strategy}-r{ranks}")
     # --no-matmul-peak: speed-ups are ratios of images/s; a peak costs seconds a point.

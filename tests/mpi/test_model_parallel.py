@@ -43,11 +43,13 @@ def test_hybrid_keeps_tensor_within_a_process(stack_config):
     assert layout["axes"] == {"tensor": "within", "stage": "across"}
 
 
-def test_mpi_pipeline_bytes_bubble_and_state_per_rank(comm, stack_config):
-    """Point-to-point bytes counted in each rank's compiled step equal the schedule's theory;
-    the bubble is GPipe's; each rank holds its stage's layers and nothing of the others'."""
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_mpi_pipeline_bytes_bubble_and_state_per_rank(comm, stack_config, schedule):
+    """Point-to-point bytes counted in each rank's compiled step equal the schedule's theory
+    under both schedules; the bubble is GPipe's (1F1B's too); each rank holds its stage's
+    layers and nothing of the others'."""
     S = comm.Get_size()
-    cfg = stack_config(strategy="mpi-pipeline", optimizer="momentum")
+    cfg = stack_config(strategy="mpi-pipeline", optimizer="momentum", schedule=schedule)
     t = eq.run(cfg, steps=1)
     batch = t.strategy.place_batch(eq.batches(cfg.data.batch_size, 1)[0])
     acc = t.strategy.accounting(t.strategy.compile("step", t.state, batch), t.state)
