@@ -43,7 +43,8 @@ class ScalingConfig:
     rank_strategies: tuple[str, ...] = option(("mpi-allreduce", "mpi-param-server", "dp-auto"), "strategies of the rank points (any that runs across processes; each on the --models it places, e.g. tensor, pipeline, mpi-pipeline on stack-mlp)", choices="strategy")
     batch_size: int = option(128, "global batch (strong) or per-device/per-rank batch (weak)")
     microbatches: int = options.train_option("microbatches", 8)  # the pipelines' M (bound 2M/(M+1) on 2 stages)
-    # 1F1B: ranks that meet between rounds pair each forward with a backward (mpi_pipeline.py)
+    # the pipelined rank points' schedule: 1F1B holds fewer micro-batches per stage than GPipe
+    # for the same bubble (the two measured within run-to-run spread on 2 ranks)
     schedule: str = options.train_option("schedule", "1f1b")
     modes: tuple[str, ...] = option(MODES, "strong (fixed global batch) and/or weak (fixed batch per device or rank)")
     iters: int = options.iters()
