@@ -89,10 +89,8 @@ def point(config: ScalingConfig, mode: str, model: str, strategy: str, devices: 
                          depth=config.depth, strategy=strategy, devices=devices,
                          batch_size=config.batch_size * (workers if mode == "weak" else 1),
                          single_thread=ranks is not None,
-                         **({"microbatches": config.microbatches}
-                            if "microbatches" in STRATEGIES[strategy].options else {}),
-                         **({"schedule": config.schedule}
-                            if "schedule" in STRATEGIES[strategy].options else {}))
+                         **{k: getattr(config, k) for k in ("microbatches", "schedule")
+                            if k in STRATEGIES[strategy].options})
     folder = (f"{mode}/{model}-{strategy}-{devices}" if ranks is None
               else f"ranks/{mode}/{model}-{strategy}-r{ranks}")
     # --no-matmul-peak: speed-ups are ratios of images/s; a peak costs seconds a point.

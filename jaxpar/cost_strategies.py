@@ -227,16 +227,15 @@ def _programs(stages: int, microbatches: int, updates: int) -> int:
     return microbatches * (2 * stages - 1) + updates
 
 
-def _finer(p: Problem, op: str) -> Problem:
-    """`p` with the CNN's conv2 in two layers where the strategy cuts inside it
-    (`jaxpar.parallel.finer`: `mpi-pipeline`; the stage programs cut inside only on
-    accelerators, whose pipelines run as one SPMD program by default): each part a share of
-    conv2's time, FLOPs and parameters; the first hands on conv1's output with its own
-    channels."""
+def _finer(p: Problem) -> Problem:
+    """`p` with the CNN's conv2 in two layers, as `mpi-pipeline` cuts it (`jaxpar.parallel.
+    finer`; the stage programs cut inside only on accelerators, whose pipelines run as one
+    SPMD program by default): each part a share of conv2's time, FLOPs and parameters; the
+    first hands on conv1's output with its own channels."""
     from jaxpar.parallel import finer
 
     c = p.compute
-    if not (op.startswith("mpi_") and p.model.get("model") == "cnn" and p.size("tensor") == p.size("data") == 1):
+    if p.model.get("model") != "cnn":
         return p
     plan = finer.finest(tuple(layer.name for layer in c.layers),
                         tuple(layer.flops_per_example for layer in c.layers), p.size("stage"))
@@ -260,7 +259,6 @@ def pipeline(p: Problem, op: str = "collective-permute") -> Work:
     gradients between stages (`_sends`), the update once per step;
     GPipe keeps M micro-batches' activations, 1F1B at most S. Tensor and data axes (hybrid)
     split each stage as `tensor` does and all-reduce the stage's gradient."""
-    p = _finer(p, op)
     c, s, m, d, t = p.compute, p.size("stage"), p.microbatches, p.size("data"), p.size("tensor")
     b = p.batch / d / m
     ranges = _stage_layers(p, s)
@@ -285,7 +283,7 @@ def pipeline(p: Problem, op: str = "collective-permute") -> Work:
 
 
 def mpi_pipeline(p: Problem) -> Work:
-    return pipeline(p, op="mpi_sendrecv")
+    return pipeline(_finer(p), op="mpi_sendrecv")
 
 
 def gems(p: Problem) -> Work:

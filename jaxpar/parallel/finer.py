@@ -20,19 +20,23 @@ gradients and `state_to_reference` stay in the model's own layout.
 
     plan = finer.plan(config, stages=2, inside=True)
     plan.starts, plan.names      # (0, 2), ("conv1", "conv2[:32]", "conv2[32:64]", "fc1", "fc2")
-    model = plan.model(model, image_shape)
+    cut = plan.stages(model, image_shape)  # the model as CNNCut (conv2 in two layers), and
+                                           # per stage its layers, keys, names; boundary shapes
     state = plan.to_view(reference_state)
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxpar import data as datalib
 from jaxpar.config import TrainConfig
+from jaxpar.models import sequence
 from jaxpar.models.cnn import CNN, CNNCut
 from jaxpar.parallel import partition
 
@@ -40,6 +44,17 @@ from jaxpar.parallel import partition
 PARTS = {"conv2": ("conv2a", "conv2b"), "bn2": ("bn2a", "bn2b")}
 GAIN = 0.95  # the finer cut is taken when its costliest stage is at most this of whole layers'
 ALIGN = 8    # k a multiple of this
+
+
+class Stages(NamedTuple):
+    """A model cut by a `Plan`: the model in the cut's layout and, per stage, its layers'
+    indices, parameter keys and names, and the per-example shape each stage but the last
+    hands on."""
+    model: Any
+    ranges: list[range]
+    keys: list[list[tuple]]
+    names: list[list[str]]
+    boundaries: list[tuple[int, ...]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +84,18 @@ class Plan:
     # --- the model and its trees in the cut's layout ------------------------------------------
     def model(self, model, image_shape: tuple[int, ...]):
         return model if self.channels is None else CNNCut(model, self.channels, image_shape)
+
+    def stages(self, model, image_shape: tuple[int, ...]) -> Stages:
+        """`model` cut into the plan's stages (shapes only: nothing is run)."""
+        model = self.model(model, image_shape)
+        layers = model.layers()
+        ranges = [range(a, b) for a, b in zip(self.starts, (*self.starts[1:], len(layers)))]
+        h, boundaries = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32), []
+        for r in ranges[:-1]:
+            h = jax.eval_shape(lambda x, r=r: sequence.apply([layers[i] for i in r], x), h)
+            boundaries.append(h.shape[1:])
+        return Stages(model, ranges, [[k for i in r for k in layers[i].keys] for r in ranges],
+                      [[layers[i].name for i in r] for r in ranges], boundaries)
 
     def to_view(self, tree):
         """`tree` (a state, parameters, optimizer state: any tree whose dicts may hold the

@@ -36,6 +36,7 @@ each one's update. `layer-split` is this machinery with one micro-batch.
 from __future__ import annotations
 
 import functools
+import math
 import time
 
 import jax
@@ -49,7 +50,6 @@ from jaxpar import step as steplib
 from jaxpar import data as datalib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE
-from jaxpar.models import sequence
 from jaxpar.parallel import finer, host_compile, host_timeline, host_walk, layout, processes, schedules
 from jaxpar.parallel.base import Strategy
 from jaxpar.parallel.stages import leaves, nest
@@ -120,17 +120,9 @@ class HostPipeline(Strategy):
         self.plan = finer.plan(self.config, S, inside=self.cuts_inside_layers)
         self.starts = self.plan.starts
         _, ref_params, ref_state = steplib.split_model(model)
-        image_shape = datalib.spec(self.config.data).image_shape
-        model = self.plan.model(model, image_shape)  # the layers the stages are cut from
-        layers = model.layers()
-        self.ranges = [range(a, b) for a, b in zip(self.starts, (*self.starts[1:], len(layers)))]
-        self.keys = [[k for i in r for k in layers[i].keys] for r in self.ranges]
-        self.names = [[layers[i].name for i in r] for r in self.ranges]
-        # elements per example each stage hands to the next (shapes only)
-        h, self.boundaries = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32), []
-        for r in self.ranges[:-1]:
-            h = jax.eval_shape(lambda x, r=r: sequence.apply([layers[i] for i in r], x), h)
-            self.boundaries.append(h.size)
+        model, self.ranges, self.keys, self.names, shapes = self.plan.stages(
+            model, datalib.spec(self.config.data).image_shape)
+        self.boundaries = [math.prod(b) for b in shapes]  # elements per example handed on
         self.graphdef, params, model_state = steplib.split_model(model)
         self.shapes, self.state_shapes = layout.abstract(params), layout.abstract(model_state)
         self.table = schedules.schedule(self.schedule_name, S, self.M)

@@ -50,7 +50,6 @@ from jaxpar import step as steplib
 from jaxpar import data as datalib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE
-from jaxpar.models import sequence
 from jaxpar.parallel import finer, layout, mpi_common, partition, schedules
 from jaxpar.parallel.layer_split import pick
 from jaxpar.parallel.stages import leaves, nest
@@ -118,19 +117,10 @@ class MpiPipeline(mpi_common.OnePerRank):
         self.plan = finer.plan(self.config, self.size, inside=True)
         self.starts = self.plan.starts
         _, ref_params, ref_state = steplib.split_model(model)
-        image_shape = datalib.spec(self.config.data).image_shape
-        model = self.plan.model(model, image_shape)  # the layers the stages are cut from
-        layers = model.layers()
-        ends = (*self.starts[1:], len(layers))
-        self.ranges = [range(a, b) for a, b in zip(self.starts, ends)]
+        # the stages' layers and what crosses each boundary (stage b's output, per example)
+        model, self.ranges, self.keys, self.names, self.boundaries = self.plan.stages(
+            model, datalib.spec(self.config.data).image_shape)
         self.layers = self.ranges[self.rank]  # this rank's
-        self.keys = [[k for i in r for k in layers[i].keys] for r in self.ranges]
-        self.names = [[layers[i].name for i in r] for r in self.ranges]
-        # per-example shape of what crosses each boundary (stage b's output)
-        h, self.boundaries = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32), []
-        for r in self.ranges[:-1]:
-            h = jax.eval_shape(lambda x, r=r: sequence.apply([layers[i] for i in r], x), h)
-            self.boundaries.append(h.shape[1:])
         self.table = schedules.schedule(self.config.parallel.schedule, self.size, self.M)
         self.graphdef, params, self.model_state = steplib.split_model(model)
         self.shapes = layout.abstract(params)
