@@ -301,6 +301,7 @@ def time_to_accuracy(data: dict, out: Path) -> Path:
     fig, axes = plt.subplots(1, 2 + len(models), figsize=(4.2 * (2 + len(models)), 4.2), squeeze=False)
     bars, memory = axes[0][0], axes[0][1]
     _bars_by_model(bars, rows, models, strategies, style, "time_s")
+    bars.set_yscale("log")  # the MLP's seconds beside the ResNet's minutes
     bars.set_ylabel("training time to target (s)")
     bars.set_title("Time to target (steps on the bars)", fontsize=9)
     _bars_by_model(memory, rows, models, strategies, style, "state_bytes_per_device", scale=1e6)

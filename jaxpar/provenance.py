@@ -3,8 +3,10 @@
 A Python process runs the code it imported when it started, so the revision is read once,
 at the start of a run (`capture`, called first thing by the CLI, `train` and `bench`), and
 every result the process writes reports that reading, not the tree at write time. A dirty
-tree records the SHA-256 of its diff (`git diff HEAD`); `write_diff_beside` puts the diff
-itself next to the results file. The data source names the files a run read (relative to
+tree records the SHA-256 of its diff (`git diff HEAD`, the checkout's `figures/` left out:
+results and drawings are what runs write, not the code they run, and a study re-measuring
+into its own folder would otherwise record every earlier point's files); `write_diff_beside`
+puts the diff itself next to the results file. The data source names the files a run read (relative to
 the working folder) and their checksums, or the arrays it was given and theirs.
 
     provenance.capture(config.data)     # at the start of a run
@@ -30,6 +32,8 @@ from jaxpar.idx import find_idx_files
 REPO_DIR = Path(__file__).resolve().parent
 # Diffs larger than this are recorded by hash and size only (results folders stay small).
 MAX_DIFF_BYTES = 256 * 1024
+# The whole checkout but its results and figures (the module's docstring: why).
+CODE_PATHS = (":/", ":(top,exclude)figures")
 _HASH_CHUNK = 1 << 20
 
 _git: dict[str, Any] | None = None        # the first reading in this process
@@ -44,7 +48,7 @@ def _git_out(*args: str) -> str:
 
 
 def read_git() -> dict[str, Any]:
-    """The checkout's HEAD, whether tracked files differ from it, and that diff.
+    """The checkout's HEAD, whether tracked files outside `figures/` differ from it, and that diff.
 
     Returns:
       {'git_revision': commit or 'unknown', 'git_dirty': bool or None (not a checkout),
@@ -52,8 +56,8 @@ def read_git() -> dict[str, Any]:
     """
     try:
         rev = _git_out("rev-parse", "HEAD").strip()
-        status = _git_out("status", "--porcelain", "--untracked-files=no").strip()
-        diff = _git_out("diff", "HEAD", "--no-color", "--no-ext-diff") if status else ""
+        status = _git_out("status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS).strip()
+        diff = _git_out("diff", "HEAD", "--no-color", "--no-ext-diff", "--", *CODE_PATHS) if status else ""
     except (OSError, subprocess.SubprocessError):
         return {"git_revision": "unknown", "git_dirty": None, "git_diff_sha256": None,
                 "git_diff_bytes": 0, "diff": ""}

@@ -73,6 +73,20 @@ def test_a_dirty_tree_records_the_diff_hash_and_writes_the_diff_beside(repo, tmp
     assert beside.read_text() == diff
 
 
+def test_results_and_figures_are_not_part_of_the_recorded_diff(repo, tmp_path):
+    # A study re-measuring into the checkout's figures/data: the earlier points' files differ
+    # from HEAD, the code does not; then the code does too.
+    (repo / "figures" / "data").mkdir(parents=True)
+    (repo / "figures" / "data" / "result.json").write_text("{}\n")
+    git(repo, "add", "figures")
+    git(repo, "commit", "-q", "-m", "results")
+    (repo / "figures" / "data" / "result.json").write_text('{"new": 1}\n')
+    assert provenance.read_git()["git_dirty"] is False
+    (repo / "code.py").write_text("x = 5\n")
+    got = provenance.read_git()
+    assert got["git_dirty"] is True and "code.py" in got["diff"] and "figures" not in got["diff"]
+
+
 def test_outside_a_checkout_the_revision_is_unknown(tmp_path, monkeypatch):
     monkeypatch.setattr(provenance, "REPO_DIR", tmp_path)
     monkeypatch.setattr(provenance, "_git", None)
