@@ -161,6 +161,7 @@ def initialize(mode: str) -> None:
                     shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S)
     if kind == "slurm":
         jax.distributed.initialize(**timeouts)  # JAX reads SLURM's environment itself
+        _gloo_gives_way()
         return
     if kind != "mpi":
         raise ConfigError(f"--distributed {mode!r}: choose {', '.join(MODES)}")
@@ -181,6 +182,20 @@ def initialize(mode: str) -> None:
     jax.distributed.initialize(coordinator_address=address,
                                num_processes=comm.size, process_id=comm.rank,
                                local_device_ids=[0], **timeouts)
+    _gloo_gives_way()
+
+
+def _gloo_gives_way() -> None:
+    """On CPU, start the backend (which starts gloo's transport) and put gloo's polling thread
+    under SCHED_IDLE (`jaxpar.gloo_poller`: collectives 4.0 -> 0.2 ms on shared cores)."""
+    if not meshlib.cpu_backend_expected():
+        return
+    import jax
+
+    from jaxpar import gloo_poller
+
+    jax.devices()
+    gloo_poller.give_way()
 
 
 def setup(mode: str, single_threaded: bool, devices: int = 1) -> None:

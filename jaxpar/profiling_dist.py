@@ -8,8 +8,8 @@ each, as the scaling study's ranks run) and time the simulated devices' collecti
 (`profiling.COLLECTIVE_OPS`) over one global mesh of every process's device: XLA:CPU runs
 them across processes over gloo (TCP), not in shared memory: called back to back, as a
 training step's are, each waited for, and read as the median of 3 x iters calls, not the
-fastest: the same 4 KB all-reduce took 0.3 ms or 3-4 ms (a wake-up quantum of gloo's threads on
-busy cores), mostly the latter, and the studies' steps are medians. Rank 0 prints {op:
+fastest, as the studies' steps are medians (before gloo's polling thread was put under
+SCHED_IDLE, `jaxpar/gloo_poller.py`, the same 4 KB all-reduce took 0.3 ms or, mostly, ~4 ms). Rank 0 prints {op:
 [[bytes, seconds], ...]} as one JSON line.
 """
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jaxpar import mesh, provenance
+from jaxpar import gloo_poller, mesh, provenance
 from jaxpar.distributed import mpi_rank
 from jaxpar.errors import ResultsError
 
@@ -181,6 +181,7 @@ def environment() -> dict[str, Any]:
         # single-threaded (--single-thread), each of its devices runs one thread.
         "threads_per_process": jax.local_device_count() if mesh.single_threaded() else affinity,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "gloo_poller": gloo_poller.state(),  # None: one process (no gloo)
         "host": platform.node(),
         "platform": platform.platform(),
         **provenance.environment_fields(),

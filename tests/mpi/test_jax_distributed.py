@@ -14,6 +14,7 @@ import jax
 import pytest
 
 import equivalence as eq
+from jaxpar import gloo_poller
 
 
 def test_world_size_is_what_was_launched(comm):
@@ -29,6 +30,15 @@ def test_ranks_are_on_the_hosts_launched(comm):
     emulated hosts): a launch that stayed on one host would never cross the network."""
     hosts = comm.allgather(socket.gethostname())
     assert len(set(hosts)) == int(os.environ.get("JAXPAR_EXPECT_HOSTS", "1")), hosts
+
+
+def test_gloos_polling_thread_gives_way(comm):
+    """jax.distributed's start-up put gloo's one polling thread under SCHED_IDLE (the
+    collectives after it, in the tests below, still equal single's)."""
+    found = gloo_poller.pollers()
+    assert len(found) == 1, found
+    assert os.sched_getscheduler(found[0]) == os.SCHED_IDLE
+    assert gloo_poller.state() == "SCHED_IDLE (1 thread)"
 
 
 @pytest.mark.parametrize("strategy", ["dp-auto", "dp-shard-map", "fsdp", "local-sgd"])
