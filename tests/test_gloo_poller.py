@@ -62,3 +62,15 @@ def test_the_poller_found_is_put_under_sched_idle(proc, monkeypatch):
 def test_one_process_records_nothing(monkeypatch):
     monkeypatch.setattr(gloo_poller, "_looked", False)
     assert gloo_poller.state() is None
+
+
+@pytest.mark.parametrize("cpu", [True, False])
+def test_only_a_cpu_backend_touches_the_poller(cpu, monkeypatch):
+    """On a GPU (or any accelerator) host nothing is looked for: gloo is the CPU's transport."""
+    from jaxpar import distributed, mesh
+
+    asked = []
+    monkeypatch.setattr(mesh, "cpu_backend_expected", lambda: cpu)
+    monkeypatch.setattr(gloo_poller, "give_way", lambda: asked.append(True) or [])
+    distributed._gloo_gives_way()
+    assert asked == ([True] if cpu else [])
