@@ -18,8 +18,9 @@ Within one process XLA's own collectives are the fast ones, so `NATIVE` stays th
 (and on GPUs, where NCCL's are). Tried and left native: `fsdp`'s parameter gathers in this
 form across 2 processes (58-78 ms a step against 64-84 ms, within the machine's spread).
 These were measured before jaxpar put gloo's polling thread under SCHED_IDLE
-(`jaxpar/gloo_poller.py`: a 4 KB psum across 2 pinned processes 4.0 -> 0.2 ms); which form
-wins since is not yet measured.
+(`jaxpar/gloo_poller.py`: a 4 KB psum across 2 pinned processes 4.0 -> 0.2 ms); since, the
+CNN's 2-rank step measured 28.3-29.3 ms with `PERMUTE` against 30.8-30.9 with `NATIVE` (two
+alternations, one session): `PERMUTE` stays.
 
     comm = choose(mesh)                          # PERMUTE across CPU processes, else NATIVE
     h = comm.all_gather(h, TENSOR, axis=0)       # inside shard_map, tiled like lax.all_gather
