@@ -341,6 +341,7 @@ class HostPipeline(Strategy):
             for d, slot in enumerate(row):
                 if slot is not None:
                     walk.run(*schedules.op(slot), d)
+            walk.end_row()
         return walk.finish()
 
     def step(self, state, batch):

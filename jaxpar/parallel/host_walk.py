@@ -10,7 +10,7 @@ import functools
 
 import jax
 
-from jaxpar.parallel import schedules
+from jaxpar.parallel import processes, schedules
 
 
 class Walk:
@@ -33,6 +33,12 @@ class Walk:
                 self.sums[r] = sums
         self.inbox: dict[tuple, jax.Array] = {}  # ("act" | "grad", r, m, s) -> arrived there
         self.kept: dict[tuple, object] = {}      # (r, m, s) -> the vjp (or input, --remat)
+        # Across processes a send is a collective program both processes queue at the same
+        # point of the walk; sent as each slot ends, the receiving process's own slot of the
+        # row would queue behind it and wait for the sender's work, so the stages took turns.
+        # A row's sends go after the row's work instead (`end_row`): a slot only reads what
+        # earlier rows sent. (Within a process a send is a `device_put`: at once.)
+        self.outbox: list[tuple] | None = [] if processes.many() else None
 
     def prog(self, name, s, r):
         device = self.p.device(s, r)
@@ -45,7 +51,18 @@ class Walk:
         return functools.partial(program, tag)
 
     def _send(self, what, x, r, m, s):
-        self.inbox[what, r, m, s] = self.p.move(x, s, r)
+        if self.outbox is not None:
+            self.outbox.append((what, x, r, m, s))
+        else:
+            self.inbox[what, r, m, s] = self.p.move(x, s, r)
+
+    def end_row(self):
+        """Send what the row's slots put in the outbox (across processes), in the row's order:
+        every process walks the same table, so all queue the same collectives in one order."""
+        for what, x, r, m, s in self.outbox or ():
+            self.inbox[what, r, m, s] = self.p.move(x, s, r)
+        if self.outbox:
+            self.outbox.clear()
 
     def run(self, kind, m, r, d):
         """Device d's table entry: a forward or backward of micro-batch m of replica r."""
