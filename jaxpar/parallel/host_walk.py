@@ -59,9 +59,9 @@ class Walk:
     def end_row(self):
         """Send what the row's slots put in the outbox (across processes), in the row's order:
         every process walks the same table, so all queue the same collectives in one order."""
-        for what, x, r, m, s in self.outbox or ():
-            self.inbox[what, r, m, s] = self.p.move(x, s, r)
         if self.outbox:
+            for what, x, r, m, s in self.outbox:
+                self.inbox[what, r, m, s] = self.p.move(x, s, r)
             self.outbox.clear()
 
     def run(self, kind, m, r, d):
