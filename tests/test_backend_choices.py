@@ -114,3 +114,24 @@ def test_gradient_accumulation_is_a_loop_except_on_the_cpu(monkeypatch, backend,
     whole, _ = dp_common.accumulated_grads(params, graphdef, state, batch, jnp.float32(8), k=1)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(whole)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("backend, transfers_wanted", [("cpu", True), ("gpu", False)])
+def test_moves_across_processes_are_transfers_only_on_the_cpu(monkeypatch, backend, transfers_wanted):
+    """XLA:CPU's collective-permute makes the two processes take turns; on GPUs it rides NCCL."""
+    from jaxpar.parallel import transfers
+
+    fake_backend(monkeypatch, backend)
+    assert transfers.wanted() is transfers_wanted
+
+
+@pytest.mark.parametrize("backend, processes, inside", [("cpu", 1, False), ("cpu", 2, True),
+                                                        ("gpu", 1, True)])
+def test_stage_programs_cut_inside_a_layer_where_each_stage_has_a_worker(monkeypatch, backend, processes, inside):
+    """`pipeline`'s stage programs cut the CNN inside conv2 on accelerators and across
+    processes; simulated CPU devices in one process share the cores `single` fills."""
+    from jaxpar.parallel import pipeline_mpmd
+
+    fake_backend(monkeypatch, backend)
+    monkeypatch.setattr(jax, "process_count", lambda: processes)
+    assert pipeline_mpmd.PipelineMPMD.cuts_inside_layers.fget(None) is inside

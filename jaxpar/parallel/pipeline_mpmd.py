@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import jax
 
-from jaxpar.parallel import schedules
+from jaxpar.parallel import processes, schedules
 from jaxpar.parallel.host_pipeline import HostPipeline
 from jaxpar.parallel.pipeline_common import GemsFace, PipelineFace
 
@@ -21,13 +21,13 @@ from jaxpar.parallel.pipeline_common import GemsFace, PipelineFace
 class PipelineMPMD(PipelineFace, HostPipeline):
     @property
     def cuts_inside_layers(self) -> bool:
-        """Balance (`finer`) pays where each stage has a worker of its own: accelerators. Not
-        on CPU: simulated devices in one process share its cores, which `single` already
-        fills (the bounds study, 2 devices, CNN cut inside conv2: GPipe 1.08x `single`, 1F1B
-        1.37x, against 1.22x and 1.16x cut after it in its previous run); and across processes each boundary is a collective of both
-        (`processes.move`) that the stages take turns at, so a heavier first stage only adds
-        (2 single-threaded ranks: 68-84 ms cut inside conv2, 60 ms after it)."""
-        return jax.default_backend() != "cpu"
+        """Balance (`finer`) pays where each stage has a worker of its own: accelerators, and
+        processes (ranks), whose stages hand on through point-to-point transfers
+        (`transfers`; CNN 1F1B on 2 single-threaded ranks: 58 ms cut after conv2, 40-44 cut
+        inside it). Not on CPU devices simulated in one process: they share the cores `single`
+        already fills (the bounds study, 2 devices, CNN cut inside conv2: GPipe 1.08x `single`,
+        1F1B 1.37x, against 1.22x and 1.16x cut after it in its previous run)."""
+        return jax.default_backend() != "cpu" or processes.many()
 
     @property
     def microbatches(self) -> int:

@@ -48,3 +48,29 @@ def test_equivalent_to_single(comm, strategy, reference):
     eq.assert_equivalent(reference, got)
     assert jax.process_count() == size and got.strategy.describe()["devices"] == size
     assert got.strategy.trace_counts["step"] == 1
+
+
+def test_arrays_move_between_processes_point_to_point(comm):
+    """On CPU `processes.move` across processes is a transfer the two processes make alone
+    (`transfers`): the value arrives exactly, there and back, and every process, holding the
+    devices or not, counts the same transfers (their ids), a move within one process none."""
+    import numpy as np
+
+    from jaxpar.parallel import processes, transfers
+
+    first, last = (min((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
+                   for p in (0, jax.process_count() - 1))
+    value = np.arange(6 * 7, dtype=np.float32).reshape(6, 7)
+    x = jax.device_put(value, first) if processes.owns(first) else processes.handle(value.shape, value.dtype, first)
+    before = transfers.count()
+    there = processes.move(x, last)
+    back = processes.move(there, first)
+    if processes.owns(last):
+        np.testing.assert_array_equal(np.asarray(there), value)
+    if processes.owns(first):
+        np.testing.assert_array_equal(np.asarray(back), value)
+    assert transfers.count() == before + 2
+    beside = [d for d in jax.devices() if d.process_index == last.process_index and d != last]
+    if beside:  # two devices per process: a move inside the last process is its device_put
+        processes.move(there, beside[0])
+    assert comm.allgather(transfers.count()) == [before + 2] * comm.Get_size()
