@@ -12,9 +12,9 @@ in proportion), at a multiple of 8, the width XLA:CPU vectorises channels by.
 
 The strategies whose stages overlap on workers of their own use the finer cut when it lowers
 the costliest stage by 5% or more and `--stage-boundaries` is not given: `mpi-pipeline` (a
-rank each), and `pipeline` and `gems` as stage programs on accelerators. On CPU those keep
-whole layers (simulated devices in one process share the cores `single` already fills; across
-processes each boundary is a collective the stages take turns at: `PipelineMPMD`), as do
+rank each), and `pipeline` and `gems` as stage programs on accelerators and across processes.
+On CPU devices simulated in one process those keep whole layers (they share the cores `single`
+already fills: `PipelineMPMD`), as do
 `layer-split` (one stage at a time) and `hybrid` (tensor-split stages). States convert at the strategy's edge (`to_view`, `from_view`): checkpoints,
 gradients and `state_to_reference` stay in the model's own layout.
 

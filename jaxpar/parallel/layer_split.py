@@ -31,7 +31,7 @@ class LayerSplit(HostPipeline):
                "time, separate programs per stage")
     options = ("stage_boundaries",)
     # Stages on the devices of one global mesh under jax.distributed; between processes an
-    # activation moves by a two-device collective-permute (`processes.move`).
+    # activation moves point to point (`processes.move`).
     multiprocess = True
     cost_model = staticmethod(cost_strategies.layer_split)
 

@@ -6,7 +6,8 @@ helpers let a strategy written for one process run on such a mesh:
 - `place`: host arrays -> arrays of any sharding; each process writes only its own shards
   (every rank reads the same data, so each takes its own rows or its own blocks);
 - `move`: an array on one device -> another device, when they belong to different processes
-  a two-device collective-permute (the CPU backend has no cross-host `device_put`);
+  on CPU a point-to-point transfer (`transfers`: the CPU backend has no cross-host
+  `device_put`), elsewhere a two-device collective-permute;
 - `fetch`: host copies of arrays some of which live on other processes' devices only.
 
     state = place(ref_state, shardings)
@@ -69,9 +70,11 @@ def move(tree, dst):
     """`tree`'s arrays (each on one device) on device `dst`; every process calls it at the
     same point.
 
-    Within a process a `device_put`. Across processes a collective-permute over the mesh of
-    the two devices, the processes of both taking part; a process that holds neither gets a
-    handle (an array with no local shard), as its later calls only pass it on.
+    Within a process a `device_put`. Across processes on CPU a transfer (`transfers`: the
+    two processes alone, neither waits for the other's queue), elsewhere a collective-permute
+    over the mesh of the two devices, the processes of both taking part; a process that
+    holds neither gets a handle (an array with no local shard), as its later calls only pass
+    it on.
     """
     return jax.tree.map(lambda x: _move_one(x, dst), tree)
 
