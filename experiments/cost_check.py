@@ -132,7 +132,8 @@ def predict_point(profile: dict, config: dict, env: dict,
                                  microbatches=p["microbatches"], schedule=p["schedule"],
                                  sync_every=p.get("sync_every", 1),
                                  implementation=(described or {}).get("implementation", "spmd"),
-                                 collective_form=(described or {}).get("collective_form", "native"))
+                                 collective_form=(described or {}).get("collective_form", "native"),
+                                 cut_inside=bool((described or {}).get("cut_inside")))
     work = cls.cost(problem)
     return cost.predict(work, machine, config["data"]["batch_size"], predictlib.cost_devices(axes) or 1), ""
 

@@ -34,6 +34,7 @@ class Problem:
     model: dict = field(default_factory=dict)  # the model config (tensor's collective bytes)
     implementation: str = "spmd"  # pipelines: one program ("spmd") or one per stage ("mpmd")
     collective_form: str = "native"  # tensor's CNN split: XLA's gathers or "permute" (comm_forms)
+    cut_inside: bool = False  # pipelines: the CNN's conv2 parted between stages (`finer`)
 
     def size(self, axis: str) -> int:
         return int(self.axes.get(axis, 1))
@@ -228,9 +229,9 @@ def _programs(stages: int, microbatches: int, updates: int) -> int:
 
 
 def _finer(p: Problem) -> Problem:
-    """`p` with the CNN's conv2 in two layers, as `mpi-pipeline` cuts it (`jaxpar.parallel.
-    finer`; the stage programs cut inside only on accelerators, whose pipelines run as one
-    SPMD program by default): each part a share of conv2's time, FLOPs and parameters; the
+    """`p` with the CNN's conv2 in two layers, as `mpi-pipeline` cuts it and the stage
+    programs do on accelerators and across processes (`jaxpar.parallel.finer`; the result
+    says which: `cut_inside`): each part a share of conv2's time, FLOPs and parameters; the
     first hands on conv1's output with its own channels."""
     from jaxpar.parallel import finer
 
@@ -259,6 +260,8 @@ def pipeline(p: Problem, op: str = "collective-permute") -> Work:
     gradients between stages (`_sends`), the update once per step;
     GPipe keeps M micro-batches' activations, 1F1B at most S. Tensor and data axes (hybrid)
     split each stage as `tensor` does and all-reduce the stage's gradient."""
+    if p.cut_inside:
+        p = _finer(p)
     c, s, m, d, t = p.compute, p.size("stage"), p.microbatches, p.size("data"), p.size("tensor")
     b = p.batch / d / m
     ranges = _stage_layers(p, s)
@@ -283,7 +286,7 @@ def pipeline(p: Problem, op: str = "collective-permute") -> Work:
 
 
 def mpi_pipeline(p: Problem) -> Work:
-    return pipeline(_finer(p), op="mpi_sendrecv")
+    return pipeline(dataclasses.replace(p, cut_inside=True), op="mpi_sendrecv")
 
 
 def gems(p: Problem) -> Work:

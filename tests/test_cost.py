@@ -315,3 +315,19 @@ def test_the_assumed_h100_is_checked_against_the_measured_one():
         assumed = predictlib.compute_source(PROFILE, "h100")(r["model"]).step_s(r["batch"])
         assert r["assumed_ms"] == pytest.approx(1000 * assumed) and r["ratio"] == r["assumed_ms"] / r["measured_ms"]
     assert any(r["machine_ms"] for r in rows)  # the machine command ran on the same kind of GPU
+
+
+def test_a_pipeline_is_priced_cut_where_it_was_cut():
+    """The rank study's 2-rank `pipeline` cut inside conv2 (its result says so): priced so,
+    its stages balanced as `mpi-pipeline`'s; cut after conv2 the first stage holds ~85%."""
+    result = json.loads((DATA / "scaling/ranks/strong/cnn-pipeline-r2/result.json").read_text())
+    assert result["strategy"]["cut_inside"]
+    compute = predictlib.compute_source(PROFILE)("cnn")
+    stages = {}
+    for inside in (False, True):
+        work = STRATEGIES["pipeline"].cost(Problem(compute, {"stage": 2}, 128, microbatches=8, model={"model": "cnn"},
+                                                   implementation="mpmd", cut_inside=inside))
+        stages[inside] = max(work.stage_s) / sum(work.stage_s)
+    assert stages[False] > 0.8 and stages[True] < 0.6
+    pred, why = cost_check.predict_point(PROFILE, result["config"], result["env"], result["strategy"])
+    assert why == "" and pred is not None
