@@ -12,7 +12,8 @@ Every process calls `move_across` at the same points (as `processes.move` requir
 transfers' ids, a counter, agree without a message. Servers start at the first transfer and
 swap addresses through one `process_allgather`.
 
-    y = transfers.move_across(x, dst)   # on x's process: offered; on dst's: pulled
+    y = transfers.move_across(x, src, dst)  # on src's process offered (None), on dst's pulled
+    transfers.settle()                       # before a collective: every transfer arrived
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import socket
 import jax
 import numpy as np
 
-# A transfer not served by then raises (a rank died or left the walk): no wait is unbounded.
+# Passed to each pull and to `settle`'s barrier. The pull's own timeout did not end a wait
+# here (an id never offered: still waiting 30 s after a 2 s timeout); what bounds a wait for
+# a rank that died is jax.distributed's heartbeat timeout and the launcher (`distributed`).
 PULL_TIMEOUT = datetime.timedelta(minutes=5)
 _ADDRESS_BYTES = 128
 _count = 0  # transfers so far: the next one's id
