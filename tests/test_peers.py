@@ -279,8 +279,9 @@ def test_pytorch_pipelines_cut_where_jaxpar_cuts_with_the_same_micro_batches():
             assert (p.microbatches, p.schedule) == (theirs.microbatches, schedule) == (8, schedule)
             cut = finer.plan(ours.config, 2, inside=True)  # conv1, conv2[:k] | conv2[k:], fc1, fc2
             assert (theirs.stage_starts, theirs.cut_channels) == (cut.starts, cut.channels) == ((0, 2), 32)
+            # one pinned thread per rank, or per simulated device in one process
             assert (ours.ranks, p.single_thread) == ((2, True) if "ranks" in where or "mpi" in where
-                                                     else (None, False))
+                                                     else (None, True))
         assert (theirs.mode, theirs.ranks, theirs.batch_size) == (schedule, 2, config.batch_size)
 
 
