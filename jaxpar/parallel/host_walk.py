@@ -33,11 +33,12 @@ class Walk:
                 self.sums[r] = sums
         self.inbox: dict[tuple, jax.Array] = {}  # ("act" | "grad", r, m, s) -> arrived there
         self.kept: dict[tuple, object] = {}      # (r, m, s) -> the vjp (or input, --remat)
-        # Across processes a send is a collective program both processes queue at the same
-        # point of the walk; sent as each slot ends, the receiving process's own slot of the
-        # row would queue behind it and wait for the sender's work, so the stages took turns.
-        # A row's sends go after the row's work instead (`end_row`): a slot only reads what
-        # earlier rows sent. (Within a process a send is a `device_put`: at once.)
+        # Across processes off the CPU a send is a collective program both processes queue at
+        # the same point of the walk; sent as each slot ends, the receiving process's own slot
+        # of the row would queue behind it and wait for the sender's work, so the stages took
+        # turns. A row's sends go after the row's work instead (`end_row`): a slot only reads
+        # what earlier rows sent. (Within a process a send is a `device_put`, on CPU across
+        # processes a transfer neither queues: `transfers`; deferred to the row's end alike.)
         self.outbox: list[tuple] | None = [] if processes.many() else None
 
     def prog(self, name, s, r):
