@@ -12,33 +12,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from experiments import (cost_check, machine_rows, network_rows, peers_mp, peers_report, plots,
-                         sources, speedup)
+from experiments import (machine_rows, network_rows, peers_mp, peers_report, plots, sources, speedup,
+                         tables_cost)
+from experiments.markdown import DASH, markdown, mb, num
 from experiments.rank_scaling import ranks_cell
-from jaxpar import cost, results
+from jaxpar import results
 from jaxpar.config import TrainConfig, to_dict
 from jaxpar.mesh import format_mesh
 from jaxpar.parallel import STRATEGIES
 from jaxpar.parallel.gems import Gems
-
-DASH = "–"
-
-
-def markdown(header: list[str], rows: list[list[Any]]) -> str:
-    """A GitHub table; `|` inside a cell is escaped."""
-    cell = lambda v: str(v).replace("|", "\\|")
-    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def num(x: float | None, digits: int = 0) -> str:
-    return DASH if x is None else f"{x:,.{digits}f}"
-
-
-def mb(x: float | None) -> str:
-    return DASH if x is None else f"{x / 1e6:,.1f}"
-
 
 def theory_total(theory: Any) -> int | None:
     """A result's collective-bytes theory as one number (None: no closed form)."""
@@ -310,66 +292,17 @@ def peers(data_dir: Path) -> str:
     return peers_report.table(sources.load(data_dir, "peers"))
 
 
-# --- the cost model's check (experiments/cost_check.py) ----------------------------------
-
-def _pct(x: float | None) -> str:
-    return DASH if x is None else f"{100 * x:.0f}%"
-
-
-def cost_summary(data_dir: Path) -> str:
-    """Median and largest |error| of the predicted step, per study and over all."""
-    return markdown(["study", "points", "predicted (anchors)", "median abs. error", "largest abs. error",
-                     "beyond 25%", "profile alone: median abs. error", "study's speed / profile's",
-                     "state/device within 1%"],
-                    [[s["study"], s["points"], f"{s['covered']} ({s['anchors']})", _pct(s["median"]),
-                      _pct(s["max"]), s["beyond_25"], _pct(s["median_profile"]),
-                      DASH if s["scale"] is None else f"{s['scale']:.2f}",
-                      f"{s['state_equal']} of {s['state_checked']}"]
-                     for s in cost_check.summary(cost_check.check_rows(data_dir))])
+def peers_model_parallel(data_dir: Path) -> str:
+    """The peers study's model-parallel section: PyTorch's pipelining and DTensor beside jaxpar's."""
+    data = sources.load(data_dir, "peers")
+    if "model_parallel" not in data["metrics"]:
+        raise results.ResultsError(f"{sources.path_of(data_dir, 'peers')} has no model-parallel rows; "
+                                   f"{sources.command(data_dir, 'peers')} with --sections model-parallel "
+                                   "writes them")
+    return peers_mp.table(data["metrics"]["model_parallel"])
 
 
-def cost_points(data_dir: Path) -> str:
-    """Every committed point: measured and predicted ms/step, the prediction's parts, the
-    error, predicted and measured state bytes per device; or why it is not covered."""
-    out = []
-    for r in cost_check.check_rows(data_dir):
-        where = f"{r['devices']} {'ranks' if r['ranks'] else 'dev'}"
-        if "error" not in r:
-            out.append([r["point"], r["model"], r["strategy"], where, f"{r['measured_ms']:.1f}",
-                        "not covered: " + r["why"], "", "", "", "", ""])
-            continue
-        state = (f"{r['state_predicted'] / 1e6:.2f} / {r['state_measured'] / 1e6:.2f}"
-                 if r.get("state_measured") else DASH)
-        out.append([r["point"], r["model"], r["strategy"], where, f"{r['measured_ms']:.1f}",
-                    f"{r['predicted_ms']:.1f}",
-                    f"{r['compute_ms']:.1f} + {r['comm_ms']:.1f} + {r['bubble_ms']:.1f}",
-                    f"{r['anchored_ms']:.1f}", "anchor" if r["anchor"] else f"{100 * r['error']:+.0f}%",
-                    f"{100 * r['error_profile']:+.0f}%", state])
-    return markdown(["point", "model", "strategy", "devices", "measured ms", "predicted ms (profile)",
-                     "compute + comm + bubble ms", "anchored ms", "error (anchored)", "error (profile alone)",
-                     "state MB/device predicted / measured"], out)
-
-
-def cost_assumptions(_: Path) -> str:
-    """The assumed hardware the extrapolation uses (jaxpar.cost.DEVICES and LINKS), with sources."""
-    rows = [[f"device `{d.name}`", f"{d.peak_gflops / 1e3:g} TFLOP/s f32, {d.memory_bytes / 1e9:g} GB at "
-             f"{d.memory_bytes_per_s / 1e12:g} TB/s, {1e6 * d.layer_overhead_s:g} us per layer and step",
-             d.source] for d in cost.DEVICES.values()]
-    rows += [[f"link `{k.name}`", f"{k.bytes_per_s / 1e9:g} GB/s, {1e6 * k.latency_s:g} us per message", k.source]
-             for k in cost.LINKS.values()]
-    return markdown(["assumed", "value", "source"], rows)
-
-
-def cost_h100(data_dir: Path) -> str:
-    """The assumed H100 against an H100 profile measured on a lent node (`single`'s step)."""
-    return markdown(["model", "batch", "measured on the H100 (profile) ms", "machine command's one-device ms",
-                     "assumed H100 predicted ms", "assumed / measured"],
-                    [[r["model"], r["batch"], f"{r['measured_ms']:.3f}",
-                      DASH if r["machine_ms"] is None else f"{r['machine_ms']:.3f}",
-                      f"{r['assumed_ms']:.3f}", f"{r['ratio']:.2f}"]
-                     for r in cost_check.assumed_h100_rows(data_dir)])
-
-
+# --- other machines (the machine command's folders) ----------------------------------------
 def _scaling_cell(rows: list[dict], part: str) -> str:
     """'8: 5.1x (0.64)': the most workers of a part, speed-up over one and efficiency."""
     here = [r for r in rows if r["part"] == part and r["speedup"] is not None and r["workers"] > 1]
@@ -402,16 +335,6 @@ def other_machines(data_dir: Path) -> str:
                      "MPI ranks: speed-up (efficiency)", "software, date, revision; how busy"], out)
 
 
-def peers_model_parallel(data_dir: Path) -> str:
-    """The peers study's model-parallel section: PyTorch's pipelining and DTensor beside jaxpar's."""
-    data = sources.load(data_dir, "peers")
-    if "model_parallel" not in data["metrics"]:
-        raise results.ResultsError(f"{sources.path_of(data_dir, 'peers')} has no model-parallel rows; "
-                                   f"{sources.command(data_dir, 'peers')} with --sections model-parallel "
-                                   "writes them")
-    return peers_mp.table(data["metrics"]["model_parallel"])
-
-
 # --- network study --------------------------------------------------------------------------
 def network(data_dir: Path) -> str:
     """Every strategy across 2 emulated hosts at each link bandwidth, and the crossovers."""
@@ -435,15 +358,12 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "time-to-accuracy": time_to_accuracy,
     "hparam": hparam,
     "peers": peers,
-    "cost-summary": cost_summary,
-    "cost-points": cost_points,
-    "cost-assumptions": cost_assumptions,
-    "cost-h100": cost_h100,
+    "cost-summary": tables_cost.summary,
+    "cost-points": tables_cost.points,
+    "cost-assumptions": tables_cost.assumptions,
+    "cost-h100": tables_cost.h100,
     "peers-model-parallel": peers_model_parallel,
     "network": network,
-    # One line per results folder (the two training runs share theirs).
-
-
     "other-machines": other_machines,
     # One line per results folder (the two training runs share theirs; each machine's row
     # names its own).

@@ -39,7 +39,7 @@ from jaxpar.parallel import STRATEGIES
 from jaxpar.step import normalize, split_model
 from jaxpar.train import Outcome
 from jaxpar.train import fit as train_loop
-from jaxpar.validate import validate
+from jaxpar.validate import validate, validate_options
 
 ModelLike = str | Callable[..., nnx.Module] | nnx.Module
 DataLike = str | Dataset
@@ -201,6 +201,7 @@ def _started(config: TrainConfig, out: str | None, console) -> Iterator[Any]:
     that fails leaves no folder it created. Yields the console of the main process (others
     print nothing)."""
     simulate_cpu_devices(config.parallel.devices)  # before JAX's backend starts
+    validate_options(config)  # before processes join: every rank fails alike, none mid-start
     distributed.setup(distributed_mode(config), config.parallel.single_thread,
                       config.parallel.devices or 1)
     validate(config)  # every option and combination, before any work or write

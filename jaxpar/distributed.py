@@ -22,6 +22,7 @@ MODES = ("auto", "mpi", "slurm", "none")  # --distributed
 # How long a rank other than 0 waits for rank 0 to report the same user error (and end the
 # job) before it reports the error itself: longer than rank 0 can lag behind at start-up.
 ONE_ERROR_GRACE_S = 5
+OUTPUT_GRACE_S = 0.5  # before an abort, for the launcher to forward what was printed
 
 # Short on purpose: a missing or dead rank must end the job in tens of seconds, not JAX's
 # default 300 s initialisation / 100 s heartbeat / 300 s shutdown.
@@ -105,6 +106,11 @@ def abort_job(code: int) -> None:
     """End every rank of the MPI job now (MPI_Abort), or just this process without mpi4py."""
     MPI = _mpi()
     if MPI is not None:
+        # The launcher forwards a rank's output on its own time: an abort straight after a
+        # print lost it (the whole job's stderr empty, 2 runs in 30), so give it a moment.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(OUTPUT_GRACE_S)
         MPI.COMM_WORLD.Abort(code)
     os._exit(code)
 

@@ -73,12 +73,21 @@ def validate(config: TrainConfig, devices: int | None = None) -> None:
         `--devices` when set in one process), for the mesh checks; a study passes its
         points' counts.
     """
-    problems = option_problems(config)
-    if not problems:  # combinations only make sense once every value is in range
-        if devices is None:  # (--devices counts one process's; a global mesh has them all)
-            devices = len(jax.devices()) if jax.distributed.is_initialized() else \
-                config.parallel.devices or len(jax.devices())
-        problems = combination_problems(config, devices)
+    validate_options(config)  # combinations only make sense once every value is in range
+    if devices is None:  # (--devices counts one process's; a global mesh has them all)
+        devices = len(jax.devices()) if jax.distributed.is_initialized() else \
+            config.parallel.devices or len(jax.devices())
+    _raise(combination_problems(config, devices))
+
+
+def validate_options(config: TrainConfig) -> None:
+    """Raise ConfigError for the options each on its own (no device needed). Called before
+    processes join, too: a bad value then ends a job before any rank starts its backend (a
+    rank still starting when another ended the job printed the broken connection)."""
+    _raise(option_problems(config))
+
+
+def _raise(problems: list[str]) -> None:
     if problems:
         raise ConfigError(" ".join(problems) + " Nothing was run or written.")
 

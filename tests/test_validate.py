@@ -99,3 +99,19 @@ def test_cli_exits_2_with_one_paragraph_and_writes_nothing(tmp_path, capsys, arg
     assert code == EXIT_USAGE and says in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_option_values_are_checked_before_processes_join(tmp_path, monkeypatch):
+    """A bad value ends a multi-process job before any rank starts jax.distributed: every
+    rank fails the same way at once, none mid-start (whose broken connection, when another
+    rank ended the job, printed a traceback)."""
+    from jaxpar import api, distributed
+
+    def joined(*_):
+        raise AssertionError("distributed.setup ran before the options were checked")
+
+    monkeypatch.setattr(distributed, "setup", joined)
+    config = with_options(TrainConfig(), dataset="synthetic", steps=1, lr=float("nan"))
+    with pytest.raises(ConfigError, match="--lr nan"):
+        api.run(config, out=str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()

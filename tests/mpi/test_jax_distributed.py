@@ -35,10 +35,11 @@ def test_ranks_are_on_the_hosts_launched(comm):
 def test_gloos_polling_thread_gives_way(comm):
     """jax.distributed's start-up put gloo's one polling thread under SCHED_IDLE (the
     collectives after it, in the tests below, still equal single's)."""
-    found = gloo_poller.pollers()
-    assert len(found) == 1, found
-    assert os.sched_getscheduler(found[0]) == os.SCHED_IDLE
     assert gloo_poller.state() == "SCHED_IDLE (1 thread)"
+    # The thread found in gloo's loop at start-up, not looked for again: under SCHED_IDLE on
+    # busy cores (CI) it can wait runnable, out of its system call, for long (once it was).
+    (tid,) = gloo_poller.given_way()
+    assert os.sched_getscheduler(tid) == os.SCHED_IDLE
 
 
 @pytest.mark.parametrize("strategy", ["dp-auto", "dp-shard-map", "fsdp", "local-sgd"])
