@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from jax._src import distributed
 
-from jaxpar.parallel import transfers
+from jaxpar.parallel import addresses, transfers
 
 
 @pytest.mark.parametrize("coordinator", ["127.0.0.1:4321", "localhost:4321", None])
 def test_the_server_listens_on_the_route_to_the_coordinator(monkeypatch, coordinator):
     monkeypatch.setattr(distributed.global_state, "coordinator_address", coordinator)
-    assert transfers._local_address() == "127.0.0.1"
+    assert addresses.local_address() == "127.0.0.1"
 
 
 def test_an_offered_array_is_pulled_whole():

@@ -52,6 +52,7 @@ from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE
 from jaxpar.parallel import finer, host_compile, host_timeline, host_walk, layout, processes, schedules
 from jaxpar.parallel.base import Strategy
+from jaxpar.parallel.rank_step import RankStep
 from jaxpar.parallel.stages import leaves, nest
 
 
@@ -122,6 +123,7 @@ class HostPipeline(Strategy):
         _, ref_params, ref_state = steplib.split_model(model)
         model, self.ranges, self.keys, self.names, shapes = self.plan.stages(
             model, datalib.spec(self.config.data).image_shape)
+        self.boundary_shapes = shapes  # what stage b hands on, per example
         self.boundaries = [math.prod(b) for b in shapes]  # elements per example handed on
         self.graphdef, params, model_state = steplib.split_model(model)
         self.shapes, self.state_shapes = layout.abstract(params), layout.abstract(model_state)
@@ -129,6 +131,9 @@ class HostPipeline(Strategy):
         self.stamps, self._stamped_jits = host_timeline.Stamps(), {}  # `timeline` only
         self._shapes_elsewhere: dict = {}  # (program, device id) -> its outputs' shapes
         self._build_programs()
+        # Across processes, one stage each: the step as one program per process (`rank_step`)
+        self.not_one_program = RankStep.reason_not(self)
+        self.rank_step = RankStep(self) if self.not_one_program is None else None
         return self.state_from_reference(steplib.init_state(ref_params, ref_state, tx))
 
     def _stage_devices(self, mesh) -> list:
@@ -345,6 +350,8 @@ class HostPipeline(Strategy):
         return walk.finish()
 
     def step(self, state, batch):
+        if self.rank_step is not None:
+            return self.rank_step.step(state, batch)
         acc, z_sum, sums = self._grads(state, batch, "step")
         out = [self._prog(f"update{s}", "step", self.device(s, r))(
             self._copy(state.params, r, s), self._copy(state.opt_state, r, s),
@@ -414,5 +421,7 @@ class HostPipeline(Strategy):
                 "stage_layers": self.names, "implementation": self.implementation,
                 "stage_flops_per_example": self.plan.stage_costs(), **self.plan.describe(),
                 "stage_param_bytes": self.stage_param_bytes(),
+                "step_programs": "one per process, its messages inside (p2p)" if self.rank_step
+                else f"per stage and slot, walked from the host ({self.not_one_program})",
                 "boundary_elements_per_example": self.boundaries,
                 "stage_transfer_bytes_per_step": self.transfer_bytes_per_step()}

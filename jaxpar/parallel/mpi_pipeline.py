@@ -14,18 +14,10 @@ the backward slot); a backward slot applies it to the gradient that arrived. Act
 the next rank and gradients to the previous one with `mpi4jax` send/recv inside the rank's one
 jitted step, written out slot by slot (the table is known when tracing).
 
-Deadlock-free by construction. Every rank walks the same table and, after each slot, the same
-two message phases: forward (activations s -> s+1), then backward (gradients s -> s-1). Both
-ends of a message read it off the shared table, so every send meets its receive in the same
-phase; in a phase a rank first meets the neighbour it receives from, then the one it sends
-to. All messages of a phase go the same way along the chain of ranks, so no rank waits on one
-that waits back on it (the waits form no cycle: the end of the chain always completes, then
-the rank before it), and the k-th message from one rank to another matches the k-th receive
-posted for it (MPI keeps the messages between two ranks in order). mpi4jax's calls are
-ordered effects: the compiled program keeps this order. The computations keep the table's
-order too: each message is a `sendrecv` answered with 4 bytes, and every slot's inputs wait
-for what came before (`_after`); left to itself XLA ran all of rank 0's forwards before its
-first send, and two ranks were no faster than one.
+Messages go in `column`'s deadlock-free order (after each slot a forward phase, then a
+backward one; every slot's input waits for what came before). Each message is a `sendrecv`
+answered with 4 bytes (mpi4jax's calls are ordered effects: the compiled program keeps their
+order), which the walk ties into the order of the slots after it.
 
 Point-to-point bytes per step: rank s sends its output per micro-batch forward (s < S-1, A_s
 bytes) and the gradient of its input backward (s > 0, A_{s-1}), and receives the same two
@@ -50,7 +42,7 @@ from jaxpar import step as steplib
 from jaxpar import data as datalib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE
-from jaxpar.parallel import finer, layout, mpi_common, partition, schedules
+from jaxpar.parallel import column, finer, layout, mpi_common, partition, schedules
 from jaxpar.parallel.layer_split import pick
 from jaxpar.parallel.stages import leaves, nest
 
@@ -58,22 +50,8 @@ SUMS_BYTES = 4 * len(steplib.SUMS)  # the f32 metric sums broadcast from the las
 ANSWER_BYTES = 4  # each message's answer (`_receive`): one f32
 
 
-def _tie(order, tree):
-    """`order`, now also after every leaf of `tree` was computed (received): a zero made from
-    one element of each (whether it is NaN, times zero: XLA does not fold a float product
-    with zero, and a NaN or inf in a diverging run still gives zero) added to it."""
-    return order + sum(jnp.isnan(leaf.ravel()[0]).astype(jnp.float32) * 0.0
-                       for leaf in jax.tree.leaves(tree) if leaf.size)
-
-
 def _answer():
     return jnp.zeros((), jnp.float32)
-
-
-def _after(x, order):
-    """`x`, usable only after `order` (a zero that depends on what came first): a computation
-    on it cannot move before that."""
-    return x + order.astype(x.dtype)
 
 
 class MpiPipeline(mpi_common.OnePerRank):
@@ -209,33 +187,25 @@ class MpiPipeline(mpi_common.OnePerRank):
         # what arrives: activations from s-1 (its output), gradients from s+1 (of this output)
         arrives = {"F": self._activation(s - 1, rows // M) if s > 0 else None,
                    "B": self._activation(s, rows // M) if s < S - 1 else None}
-        inbox, kept = {"F": {}, "B": {}}, {}  # by micro-batch: what arrived, what F keeps for B
-        grads = jax.tree.map(jnp.zeros_like, params)
-        sums = {k: jnp.zeros((), jnp.float32) for k in steplib.SUMS}
-        order = jnp.zeros((), jnp.float32)  # what every later slot waits for (`_after`)
-        for row in self.table:
-            out = {"F": None, "B": None}
-            if row[s] is not None and row[s][0] == "F":
-                m = row[s][1]
-                x = _after(mb["image"][m] if s == 0 else inbox["F"].pop(m), order)
-                out["F"], sums_m = self._forward_slot(params, self._stage_fn(mb, m, denom), x, kept, m)
-                sums = jax.tree.map(jnp.add, sums, sums_m)
-                order = _tie(order, (out["F"], sums_m))
-            elif row[s] is not None:
-                m = row[s][1]
-                ct = _after(jnp.ones((), jnp.float32) if s == S - 1 else inbox["B"].pop(m), order)
-                d_params, out["B"] = self._backward_slot(params, kept.pop(m), ct)
-                grads = jax.tree.map(jnp.add, grads, d_params)
-                order = _tie(order, d_params)  # the slot's receives wait for its work
-            for kind, step in (("F", 1), ("B", -1)):  # the two message phases of this slot
-                sender = s - step  # the neighbour whose messages of this kind come here
-                if 0 <= sender < S and row[sender] is not None and row[sender][0] == kind:
-                    got = self._receive(arrives[kind], sender, order)
-                    inbox[kind][row[sender][1]] = got
-                    order = _tie(order, got)
-                if out[kind] is not None:
-                    order = _tie(order, self._send(out[kind], s + step))
-        return grads, sums
+        kept = {}  # by micro-batch: what F keeps for B
+        total = {"grads": jax.tree.map(jnp.zeros_like, params),
+                 "sums": {k: jnp.zeros((), jnp.float32) for k in steplib.SUMS}}
+
+        def run_slot(kind, m, arrived, order):
+            if kind == "F":
+                x = column.after(mb["image"][m] if s == 0 else arrived, order)
+                out, sums_m = self._forward_slot(params, self._stage_fn(mb, m, denom), x, kept, m)
+                total["sums"] = jax.tree.map(jnp.add, total["sums"], sums_m)
+                return {"F": out}, column.tie(order, (out, sums_m))
+            ct = column.after(jnp.ones((), jnp.float32) if s == S - 1 else arrived, order)
+            d_params, dx = self._backward_slot(params, kept.pop(m), ct)
+            total["grads"] = jax.tree.map(jnp.add, total["grads"], d_params)
+            return {"B": dx}, column.tie(order, d_params)  # the slot's receives wait for its work
+
+        column.walk(self.table, s, S, run_slot,
+                    lambda kind, sender, order: self._receive(arrives[kind], sender, order),
+                    lambda kind, x, dest: self._send(x, dest))
+        return total["grads"], total["sums"]
 
     def _forward_slot(self, params, f, x, kept, m):
         """F(m): run the stage; keep its vjp (with --remat, its input) in kept[m]. Returns
@@ -258,8 +228,9 @@ class MpiPipeline(mpi_common.OnePerRank):
     # Messages (the module's docstring: why each has an answer, and the order of a phase's).
     def _receive(self, act, source: int, order):
         """One `act` from `source`, answered with 4 bytes."""
-        template = _after(jnp.zeros(act.shape, act.dtype), order)
-        return self.mpi4jax.sendrecv(_after(_answer(), order), template, source, source, comm=self.jcomm)
+        template = column.after(jnp.zeros(act.shape, act.dtype), order)
+        return self.mpi4jax.sendrecv(column.after(_answer(), order), template, source, source,
+                                     comm=self.jcomm)
 
     def _send(self, x, dest: int):
         """`x` to `dest`; returns its 4-byte answer (what the next slot waits for)."""

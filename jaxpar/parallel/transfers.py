@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import datetime
 import functools
-import socket
 
 import jax
-import numpy as np
+
+from jaxpar.parallel import addresses
 
 # Passed to each pull and to `settle`'s barrier. The pull's own timeout did not end a wait
 # here (an id never offered: still waiting 30 s after a 2 s timeout); what bounds a wait for
 # a rank that died is jax.distributed's heartbeat timeout and the launcher (`distributed`).
 PULL_TIMEOUT = datetime.timedelta(minutes=5)
-_ADDRESS_BYTES = 128
 _count = 0  # transfers so far: the next one's id
 _pulled: list[jax.Array] = []  # pulled here since the last `settle`
 _settled = 0  # `_count` at the last `settle`
@@ -92,7 +91,7 @@ def _server():
     real hosts reach each other there)."""
     from jax.experimental import transfer
 
-    host = _local_address()
+    host = addresses.local_address()
     return transfer.start_transfer_server(jax.devices()[0].client, f"{host}:0", [f"{host}:0"])
 
 
@@ -100,28 +99,9 @@ def _server():
 def _addresses() -> tuple[str, ...]:
     """Every process's server address, by process index (a collective: all call it first
     together, from the first transfer)."""
-    from jax.experimental import multihost_utils
-
-    mine = np.zeros(_ADDRESS_BYTES, np.uint8)
-    encoded = _server().address().encode()
-    mine[:len(encoded)] = np.frombuffer(encoded, np.uint8)
-    every = np.asarray(multihost_utils.process_allgather(mine, tiled=False))
-    return tuple(bytes(row).rstrip(b"\0").decode() for row in every)
+    return addresses.exchange(_server().address())
 
 
 @functools.lru_cache(maxsize=None)
 def _connection(process: int):
     return _server().connect(_addresses()[process])
-
-
-def _local_address() -> str:
-    """This host's address on the route to the jax.distributed coordinator."""
-    from jax._src import distributed  # the coordinator's address is not public API
-
-    host = (distributed.global_state.coordinator_address or "127.0.0.1:0").rsplit(":", 1)[0]
-    host = host.strip("[]")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        probe.connect((host, 9))  # UDP: picks the route, sends nothing
-        address = probe.getsockname()[0]
-    return f"[{address}]" if family == socket.AF_INET6 else address

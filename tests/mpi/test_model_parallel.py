@@ -35,6 +35,18 @@ def test_equivalent_to_single(comm, stack_reference, stack_config, strategy, opt
         assert described["devices"] == len(jax.devices())
         assert described["process_layout"]["processes"] == comm.Get_size()
 
+@pytest.mark.parametrize("strategy", ["pipeline", "layer-split"])
+def test_a_process_holding_one_stage_runs_its_step_as_one_program(stack_config, strategy):
+    """One device per process: each step is one program per process, its messages inside
+    it (`rank_step`, `p2p`; equal to single above); with more devices per process the host
+    walks the table."""
+    t = eq.run(stack_config(strategy=strategy), steps=1)
+    one_each = jax.local_device_count() == 1
+    assert (t.strategy.rank_step is not None) == one_each
+    assert t.strategy.describe()["step_programs"].startswith("one per process" if one_each else "per stage")
+    assert t.strategy.trace_counts["rank_step"] == (1 if one_each else 0)
+
+
 def test_hybrid_keeps_tensor_within_a_process(stack_config):
     """With several devices per process the default puts tensor within, stage across."""
     if jax.local_device_count() < 2:

@@ -1,0 +1,48 @@
+"""Where this process is reachable by the others of a jax.distributed run, and swapping such
+addresses: what `transfers` (the transfer servers) and `p2p` (in-program sockets) connect by.
+
+    host = local_address()                 # "10.0.0.2" on an emulated host, "127.0.0.1" alone
+    every = exchange(f"{host}:{port}")     # every process's, by process index (a collective)
+"""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+
+_ADDRESS_BYTES = 128
+
+
+def local_address() -> str:
+    """This host's address on the route to the jax.distributed coordinator (emulated or real
+    hosts reach each other there; IPv6 in brackets)."""
+    from jax._src import distributed  # the coordinator's address is not public API
+
+    host = (distributed.global_state.coordinator_address or "127.0.0.1:0").rsplit(":", 1)[0]
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, 9))  # UDP: picks the route, sends nothing
+        address = probe.getsockname()[0]
+    return f"[{address}]" if family == socket.AF_INET6 else address
+
+
+def exchange(address: str) -> tuple[str, ...]:
+    """Every process's `address`, by process index. A collective: every process calls it at
+    the same point."""
+    from jax.experimental import multihost_utils
+
+    mine = np.zeros(_ADDRESS_BYTES, np.uint8)
+    encoded = address.encode()
+    if len(encoded) > _ADDRESS_BYTES:
+        raise ValueError(f"address {address!r} longer than {_ADDRESS_BYTES} bytes")
+    mine[:len(encoded)] = np.frombuffer(encoded, np.uint8)
+    every = np.asarray(multihost_utils.process_allgather(mine, tiled=False))
+    return tuple(bytes(row).rstrip(b"\0").decode() for row in every)
+
+
+def split(address: str) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' -> (host, port), the host without brackets."""
+    host, port = address.rsplit(":", 1)
+    return host.strip("[]"), int(port)

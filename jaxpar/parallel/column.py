@@ -1,0 +1,74 @@
+"""One stage's column of a schedule table, written out inside one traced step, with the
+messages between neighbouring stages in a deadlock-free order. A process per stage runs it:
+`mpi-pipeline` (mpi4jax) and `rank_step` (host-driven pipelines across processes, `p2p`).
+
+Deadlock-free by construction. Every stage walks the same table and, after each slot, the
+same two message phases: forward (activations s -> s+1), then backward (gradients s -> s-1).
+Both ends of a message read it off the shared table, so every send meets its receive in the
+same phase; in a phase a stage first meets the neighbour it receives from, then the one it
+sends to. All messages of a phase go the same way along the chain of stages, so no stage
+waits on one that waits back on it (the waits form no cycle: the end of the chain always
+completes, then the stage before it), and the k-th message between two stages matches the
+k-th receive posted for it (the transports keep a pair's messages in order).
+
+The computations keep the table's order too: every slot's input waits for what came before
+(`after`), and each result and message is folded into that order (`tie`); left to itself
+XLA ran all of the first stage's forwards before its first send, and two stages were no
+faster than one.
+
+    column.walk(table, s, S, run_slot, receive, send)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+
+def tie(order, tree):
+    """`order`, now also after every leaf of `tree` was computed (received): a zero made from
+    one element of each (whether it is NaN, times zero: XLA does not fold a float product
+    with zero, and a NaN or inf in a diverging run still gives zero) added to it."""
+    return order + sum(jnp.isnan(leaf.ravel()[0]).astype(jnp.float32) * 0.0
+                       for leaf in jax.tree.leaves(tree) if leaf.size)
+
+
+def after(x, order):
+    """`x`, usable only after `order` (a zero that depends on what came first): a computation
+    on it cannot move before that."""
+    return x + order.astype(x.dtype)
+
+
+# run_slot(kind, m, arrived, order) -> ({"F": x} and/or {"B": x} to send, order)
+SlotFn = Callable[[str, int, Any, jax.Array], tuple[dict, jax.Array]]
+
+
+def walk(table, s: int, S: int, run_slot: SlotFn, receive: Callable, send: Callable) -> jax.Array:
+    """Stage s's column of `table` (rows of per-stage slots ("F" | "B", micro-batch) or None).
+
+    Args:
+      run_slot: runs this stage's slot `kind` on micro-batch m; `arrived` is what came for
+        it (an activation for F, a gradient for B; None where nothing comes: F on the first
+        stage, B on the last); returns what to send this row, by phase, and the new order.
+      receive: (kind, sender, order) -> the array arriving from stage `sender` in that phase.
+      send: (kind, x, dest) -> a value that exists once x is sent (tied into the order).
+    Returns the order after the last message.
+    """
+    inbox: dict[str, dict[int, Any]] = {"F": {}, "B": {}}
+    order = jnp.zeros((), jnp.float32)
+    for row in table:
+        out: dict = {}
+        if row[s] is not None:
+            kind, m = row[s]
+            out, order = run_slot(kind, m, inbox[kind].pop(m, None), order)
+        for kind, step in (("F", 1), ("B", -1)):  # the two message phases of this row
+            sender = s - step  # the neighbour whose messages of this kind come here
+            if 0 <= sender < S and row[sender] is not None and row[sender][0] == kind:
+                got = receive(kind, sender, order)
+                inbox[kind][row[sender][1]] = got
+                order = tie(order, got)
+            if out.get(kind) is not None:
+                order = tie(order, send(kind, out[kind], s + step))
+    return order

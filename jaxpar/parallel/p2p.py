@@ -1,0 +1,172 @@
+"""Point-to-point messages between processes, sent and received by the compiled program itself.
+
+A pipeline whose schedule is walked from the host dispatches some 40 programs and transfers a
+step. With one core per rank (single-threaded ranks) that host work and the transfer servers'
+threads took ~10 ms of each core a step beside the stages' 27 ms (CNN, 2 ranks, 1F1B:
+docs/studies.md), and the step stayed at 1.2x one rank. Here a process runs its stage's whole
+step as one program (`rank_step`), whose own thread writes each activation or gradient to a
+TCP socket and reads the next one: two XLA FFI custom calls (p2p.cc), as mpi4jax's are for
+MPI, without MPI. They are built by the C++ compiler the first time they are needed (a few
+seconds; cached under $JAXPAR_CACHE or ~/.cache/jaxpar, per source and jaxlib version);
+without a compiler `unavailable()` says why and pipelines keep the host walk (`transfers`).
+
+    links = p2p.connect({s - 1, s + 1})                # every process at the same point
+    done = links.send(x, peer)                         # inside jit: a zero, to order later work
+    y = links.receive(spec, peer, after=order)         # the next message from `peer`
+
+Every wait is bounded: connecting by `CONNECT_TIMEOUT_S`, each send and receive by the
+sockets' `TIMEOUT_S` (SO_SNDTIMEO / SO_RCVTIMEO), after which the program fails with a message
+naming the peer's silence. A rank that dies is normally ended sooner by jax.distributed's
+heartbeat and the launcher.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import socket
+import struct
+import subprocess
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpar.parallel import addresses
+
+SOURCE = Path(__file__).with_name("p2p.cc")
+TIMEOUT_S = 300  # one send or receive; a step's message waits at most one stage's work
+CONNECT_TIMEOUT_S = 60
+BUFFER_BYTES = 4 << 20  # socket buffers: a micro-batch's activation fits (kernel caps apply)
+_SEND, _RECV = "jaxpar_p2p_send", "jaxpar_p2p_recv"
+
+
+class Unavailable(RuntimeError):
+    """The custom calls cannot be built or loaded here."""
+
+
+def unavailable() -> str | None:
+    """None when in-program messages work here; else why not (for `describe`)."""
+    if jax.default_backend() != "cpu":
+        return "not on a CPU backend (accelerators keep their collectives)"
+    try:
+        _library()
+    except Unavailable as e:
+        return str(e)
+    return None
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("JAXPAR_CACHE") or os.path.expanduser("~/.cache/jaxpar"))
+
+
+@functools.lru_cache(maxsize=None)
+def _library() -> ctypes.CDLL:
+    """The built custom calls, loaded and registered with XLA:CPU (once per process)."""
+    lib = ctypes.cdll.LoadLibrary(str(_build()))
+    jax.ffi.register_ffi_target(_SEND, jax.ffi.pycapsule(lib.JaxparSend), platform="cpu")
+    jax.ffi.register_ffi_target(_RECV, jax.ffi.pycapsule(lib.JaxparRecv), platform="cpu")
+    return lib
+
+
+def _build() -> Path:
+    """p2p.cc compiled into the cache (written under a temporary name, then renamed: processes
+    building at once never load a half-written library)."""
+    import jaxlib
+
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        raise Unavailable("no C++ compiler (c++ or g++; or set CXX) to build jaxpar/parallel/p2p.cc")
+    key = hashlib.sha256(SOURCE.read_bytes() + jaxlib.__version__.encode()).hexdigest()[:16]
+    out = cache_dir() / f"p2p-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f"{out.name}.{os.getpid()}.part")
+    command = [compiler, "-O2", "-shared", "-fPIC", "-std=c++17", "-w", f"-I{jax.ffi.include_dir()}",
+               str(SOURCE), "-o", str(partial)]
+    try:
+        built = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise Unavailable(f"building p2p.cc failed ({' '.join(command)}): {e}") from e
+    if built.returncode:
+        partial.unlink(missing_ok=True)
+        raise Unavailable(f"building p2p.cc failed ({' '.join(command)}): {built.stderr[-500:]}")
+    os.replace(partial, out)
+    return out
+
+
+class Links:
+    """Open connections to some peer processes, used inside jitted functions."""
+
+    def __init__(self, sockets: dict[int, socket.socket]):
+        self.sockets = sockets  # kept open while programs that name their descriptors live
+
+    def send(self, x: jax.Array, peer: int) -> jax.Array:
+        """Inside jit: `x` to process `peer`; a float32 zero once sent (tie later work to it)."""
+        fd = np.int64(self.sockets[peer].fileno())
+        return jax.ffi.ffi_call(_SEND, jax.ShapeDtypeStruct((), jnp.float32), has_side_effect=True)(x, fd=fd)
+
+    def receive(self, spec, peer: int, after: jax.Array) -> jax.Array:
+        """Inside jit: the next message from process `peer`, of `spec`'s shape and dtype,
+        read once `after` is computed."""
+        fd = np.int64(self.sockets[peer].fileno())
+        out = jax.ShapeDtypeStruct(spec.shape, spec.dtype)
+        return jax.ffi.ffi_call(_RECV, out, has_side_effect=True)(after, fd=fd)
+
+    def close(self) -> None:
+        for s in self.sockets.values():
+            s.close()
+
+
+def connect(peers) -> Links:
+    """One connection to each of `peers` (process indices). A collective: every process calls
+    it at the same point, and process j lists i exactly when i lists j. The higher index
+    connects, the lower accepts (a connection waits in the listener's backlog, so every
+    process can make all its connections before it accepts)."""
+    _library()
+    me, peers = jax.process_index(), sorted(set(peers) - {jax.process_index()})
+    host = addresses.local_address()
+    family = socket.AF_INET6 if host.startswith("[") else socket.AF_INET
+    with socket.create_server((host.strip("[]"), 0), family=family, backlog=max(1, len(peers))) as listener:
+        listener.settimeout(CONNECT_TIMEOUT_S)
+        every = addresses.exchange(f"{host}:{listener.getsockname()[1]}")
+        sockets = {}
+        for peer in (p for p in peers if p < me):
+            s = socket.create_connection(addresses.split(every[peer]), timeout=CONNECT_TIMEOUT_S)
+            s.sendall(struct.pack("!i", me))
+            sockets[peer] = s
+        for _ in (p for p in peers if p > me):
+            s, _ = listener.accept()
+            s.settimeout(CONNECT_TIMEOUT_S)
+            (peer,) = struct.unpack("!i", _read(s, 4))
+            sockets[peer] = s
+    for s in sockets.values():
+        _for_custom_calls(s)
+    return Links(sockets)
+
+
+def _read(s: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = s.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("a peer closed its connection while connecting")
+        data += chunk
+    return data
+
+
+def _for_custom_calls(s: socket.socket) -> None:
+    """Blocking (the custom calls read and write the descriptor directly), each call bounded
+    by the kernel's timeouts, no Nagle delay, buffers that hold a message."""
+    s.settimeout(None)
+    timeval = struct.pack("ll", TIMEOUT_S, 0)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, BUFFER_BYTES)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, BUFFER_BYTES)
