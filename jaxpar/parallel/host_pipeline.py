@@ -22,7 +22,9 @@ arrived, so the stages overlap as the schedule says. No stage program holds cont
 XLA:CPU runs convolutions inside a conditional or a loop body on a slow path (a conv's forward
 and backward ~20x slower inside `lax.switch`; jax-ml/jax#12868), which the single SPMD program
 (`lax.switch` over stages inside a `lax.scan` of ticks) cannot avoid. The last stage runs
-each micro-batch's forward and backward together, at its forward's slot.
+each micro-batch's forward and backward together, at its forward's slot. Across processes,
+where each process holds one stage on one device, `step` is one program per process instead
+(`rank_step`: the same stage functions, the messages sent inside the program).
 
 With replicas (GEMS), stage s of replica r lives on device `schedules.device_of(s, r, S)`;
 after the schedule each stage's two gradient copies are exchanged and summed, so both copies

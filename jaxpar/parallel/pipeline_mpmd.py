@@ -22,11 +22,13 @@ class PipelineMPMD(PipelineFace, HostPipeline):
     @property
     def cuts_inside_layers(self) -> bool:
         """Balance (`finer`) pays where each stage has a worker of its own: accelerators, and
-        processes (ranks), whose stages hand on through point-to-point transfers
-        (`transfers`; CNN 1F1B on 2 single-threaded ranks: 40-44 ms cut inside conv2; with
-        the collective hops before them, 53 ms cut inside and 58 ms after it). Not on CPU devices simulated in one process: they share the cores `single`
-        already fills (the bounds study, 2 devices, CNN cut inside conv2: GPipe 1.08x `single`,
-        1F1B 1.37x, against 1.22x and 1.16x cut after it in its previous run)."""
+        processes (ranks), whose stages hand on point to point (`rank_step`'s in-program
+        messages, or the host walk's `transfers`; CNN 1F1B on 2 single-threaded ranks walked
+        from the host: 40-44 ms cut inside conv2; with the collective hops before transfers,
+        53 ms cut inside and 58 ms after it). Not on CPU devices simulated in one process:
+        they share the cores `single` already fills (the bounds study, 2 devices, CNN cut
+        inside conv2: GPipe 1.08x `single`, 1F1B 1.37x, against 1.22x and 1.16x cut after it
+        in its previous run)."""
         return jax.default_backend() != "cpu" or processes.many()
 
     @property
