@@ -29,17 +29,15 @@ def local_address() -> str:
 
 
 def exchange(address: str) -> tuple[str, ...]:
-    """Every process's `address`, by process index. A collective: every process calls it at
-    the same point."""
+    """Every process's `address` (or any short text), by process index. A collective: every
+    process calls it at the same point."""
     from jax.experimental import multihost_utils
 
     mine = np.zeros(_ADDRESS_BYTES, np.uint8)
-    encoded = address.encode()
-    if len(encoded) > _ADDRESS_BYTES:
-        raise ValueError(f"address {address!r} longer than {_ADDRESS_BYTES} bytes")
+    encoded = address.encode()[:_ADDRESS_BYTES]  # a longer text (a reason) is cut short
     mine[:len(encoded)] = np.frombuffer(encoded, np.uint8)
     every = np.asarray(multihost_utils.process_allgather(mine, tiled=False))
-    return tuple(bytes(row).rstrip(b"\0").decode() for row in every)
+    return tuple(bytes(row).rstrip(b"\0").decode(errors="replace") for row in every)
 
 
 def split(address: str) -> tuple[str, int]:

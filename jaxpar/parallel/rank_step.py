@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxpar import step as steplib
-from jaxpar.parallel import column, p2p, processes
+from jaxpar.parallel import addresses, column, p2p, processes
 
 
 class RankStep:
@@ -42,7 +42,10 @@ class RankStep:
         owners = {pipe.device(s).process_index for s in range(pipe.S)}
         if pipe.mesh.devices.size != pipe.S or len(owners) != pipe.S or pipe.S != jax.process_count():
             return "not one stage, on one device, per process"
-        return p2p.unavailable()
+        # Every process must choose alike (connecting is a collective): one that cannot build
+        # the custom calls (no compiler on its host) sends the whole job to the host walk.
+        every = addresses.exchange(p2p.unavailable() or "")
+        return next((f"process {i}: {why}" for i, why in enumerate(every) if why), None)
 
     def step(self, state, batch):
         """`HostPipeline.step`'s result: this process's stage updated by its program; the

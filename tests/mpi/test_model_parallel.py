@@ -47,6 +47,21 @@ def test_a_process_holding_one_stage_runs_its_step_as_one_program(stack_config, 
     assert t.strategy.trace_counts["rank_step"] == (1 if one_each else 0)
 
 
+def test_when_one_process_cannot_build_the_messages_all_walk_from_the_host(comm, stack_config,
+                                                                            monkeypatch):
+    """The choice is made together (connecting is a collective): one process without the
+    custom calls (no compiler on its host) sends every process to the host walk."""
+    if jax.local_device_count() > 1:
+        pytest.skip("one device per process: the layout that would run one program each")
+    from jaxpar.parallel import p2p
+
+    if comm.Get_rank() == comm.Get_size() - 1:
+        monkeypatch.setattr(p2p, "unavailable", lambda: "no C++ compiler (the test's)")
+    t = eq.run(stack_config(strategy="pipeline"), steps=1)
+    assert t.strategy.rank_step is None
+    assert f"process {comm.Get_size() - 1}: no C++ compiler (the test's)" in t.strategy.describe()["step_programs"]
+
+
 def test_hybrid_keeps_tensor_within_a_process(stack_config):
     """With several devices per process the default puts tensor within, stage across."""
     if jax.local_device_count() < 2:
