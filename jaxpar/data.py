@@ -172,13 +172,18 @@ class Splits:
     test: Arrays
 
 
+def cache_root(explicit: str | None = None) -> str:
+    """jaxpar's cache folder: `explicit` (--cache-dir), $JAXPAR_CACHE, or ~/.cache/jaxpar."""
+    return explicit or os.environ.get("JAXPAR_CACHE") or os.path.expanduser("~/.cache/jaxpar")
+
+
 def cache_dir(cfg: DataConfig) -> str:
     """Where a prepared dataset lives: --cache-dir, $JAXPAR_CACHE, or ~/.cache/jaxpar.
 
     Data prepared from an explicit --data-dir gets its own sub-folder keyed by the files'
     path, sizes and times, so other IDX files never silently reuse an earlier preparation.
     """
-    root = cfg.cache_dir or os.environ.get("JAXPAR_CACHE") or os.path.expanduser("~/.cache/jaxpar")
+    root = cache_root(cfg.cache_dir)
     if cfg.data_dir is None:
         return root
     source = os.path.realpath(cfg.data_dir)

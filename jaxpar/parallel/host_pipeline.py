@@ -394,9 +394,10 @@ class HostPipeline(Strategy):
 
     def theory(self) -> dict[str, int]:
         """Within a process activations move with device_put (no collectives); a boundary
-        between two processes' devices moves its bytes each way (`processes.move`: on CPU a
-        point-to-point transfer, elsewhere a two-device collective-permute), beside the step's
-        programs; counted, as the cost model prices it, as a collective-permute."""
+        between two processes' devices moves its bytes each way (inside each process's one
+        program with one stage per process, `rank_step`; else `processes.move`: on CPU a
+        point-to-point transfer, elsewhere a two-device collective-permute), outside XLA's
+        collectives; counted, as the cost model prices it, as a collective-permute."""
         crossing = sum(2 * self.config.data.batch_size * n * 4 for b, n in enumerate(self.boundaries)
                        if self.device(b).process_index != self.device(b + 1).process_index)
         return {"collective-permute": crossing, "total": crossing} if crossing else {"total": 0}

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpar import data as datalib
 from jaxpar.parallel import addresses
 
 SOURCE = Path(__file__).with_name("p2p.cc")
@@ -60,10 +61,6 @@ def unavailable() -> str | None:
     return None
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("JAXPAR_CACHE") or os.path.expanduser("~/.cache/jaxpar"))
-
-
 @functools.lru_cache(maxsize=None)
 def _library() -> ctypes.CDLL:
     """The built custom calls, loaded and registered with XLA:CPU (once per process)."""
@@ -82,7 +79,7 @@ def _build() -> Path:
     if compiler is None:
         raise Unavailable("no C++ compiler (c++ or g++; or set CXX) to build jaxpar/parallel/p2p.cc")
     key = hashlib.sha256(SOURCE.read_bytes() + jaxlib.__version__.encode()).hexdigest()[:16]
-    out = cache_dir() / f"p2p-{key}.so"
+    out = Path(datalib.cache_root()) / f"p2p-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -101,7 +98,8 @@ def _build() -> Path:
 
 
 class Links:
-    """Open connections to some peer processes, used inside jitted functions."""
+    """Open connections to some peer processes, used inside jitted functions (closed with
+    the sockets, when the strategy holding them goes)."""
 
     def __init__(self, sockets: dict[int, socket.socket]):
         self.sockets = sockets  # kept open while programs that name their descriptors live
@@ -117,10 +115,6 @@ class Links:
         fd = np.int64(self.sockets[peer].fileno())
         out = jax.ShapeDtypeStruct(spec.shape, spec.dtype)
         return jax.ffi.ffi_call(_RECV, out, has_side_effect=True)(after, fd=fd)
-
-    def close(self) -> None:
-        for s in self.sockets.values():
-            s.close()
 
 
 def connect(peers) -> Links:
@@ -138,26 +132,18 @@ def connect(peers) -> Links:
         sockets = {}
         for peer in (p for p in peers if p < me):
             s = socket.create_connection(addresses.split(every[peer]), timeout=CONNECT_TIMEOUT_S)
+            _for_custom_calls(s)
             s.sendall(struct.pack("!i", me))
             sockets[peer] = s
         for _ in (p for p in peers if p > me):
             s, _ = listener.accept()
-            s.settimeout(CONNECT_TIMEOUT_S)
-            (peer,) = struct.unpack("!i", _read(s, 4))
+            _for_custom_calls(s)  # blocking from here: the read below waits for all 4 bytes
+            index = s.recv(4, socket.MSG_WAITALL)
+            if len(index) < 4:
+                raise ConnectionError("a peer process closed its connection while connecting")
+            (peer,) = struct.unpack("!i", index)
             sockets[peer] = s
-    for s in sockets.values():
-        _for_custom_calls(s)
     return Links(sockets)
-
-
-def _read(s: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = s.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("a peer closed its connection while connecting")
-        data += chunk
-    return data
 
 
 def _for_custom_calls(s: socket.socket) -> None:
