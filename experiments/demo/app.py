@@ -10,6 +10,7 @@ test reads.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import gradio as gr
 import numpy as np
@@ -49,34 +50,7 @@ def train_tab(runs: live.LiveRuns, dataset: str, limits: Limits, models: Models)
     The bounds are checked by `limits` on the values received, not by the fields (an API
     call skips the page), so the fields only say them in their labels.
     """
-    spec = live.RunSpec(dataset=dataset)
-    with gr.Row():
-        model = gr.Dropdown(list(MODELS), value=spec.model, label="model", elem_id="model")
-        data = gr.Dropdown(list(DATASETS), value=spec.dataset, label="dataset", elem_id="dataset")
-        devices = gr.Number(spec.devices, label=f"simulated devices per run (≤ {limits.max_devices})",
-                            precision=0, elem_id="devices")
-        steps = gr.Number(spec.steps, label=f"steps (≤ {limits.max_steps})", precision=0,
-                          elem_id="steps")
-        batch = gr.Number(spec.batch_size, label=f"global batch (≤ {limits.max_batch})", precision=0,
-                          elem_id="batch")
-        every = gr.Number(spec.eval_every, label="validate every", precision=0, elem_id="eval-every")
-    allowed = live.strategies_for(spec.model)
-    strategies = gr.CheckboxGroup(allowed, value=[s for s in spec.strategies if s in allowed],
-                                  label=f"strategies (one process each, ≤ {limits.max_runs})",
-                                  elem_id="strategies")
-    with gr.Row():
-        start, stop, resume = (gr.Button("Start", variant="primary", elem_id="start"),
-                               gr.Button("Stop (checkpoint)", elem_id="stop"),
-                               gr.Button("Resume", elem_id="resume"))
-    status = gr.Markdown("Pick strategies and press Start.", elem_id="train-status")
-    with gr.Row():
-        loss = gr.LinePlot(_frame([], "loss"), x="seconds", y="loss", color="strategy",
-                           title="training loss (running mean of the epoch)",
-                           x_title="wall seconds since start", elem_id="loss-plot")
-        accuracy = gr.LinePlot(_frame([], "val_accuracy"), x="seconds", y="val_accuracy",
-                               color="strategy", title="validation accuracy", y_lim=[0, 1],
-                               x_title="wall seconds since start", elem_id="accuracy-plot")
-    table = gr.Dataframe(pd.DataFrame([]), label="runs", elem_id="run-table", interactive=False)
+    ui = _train_controls(live.RunSpec(dataset=dataset), limits)
     seen = gr.State(None)
     classified: dict[Path, str] = {}  # finished run -> what loading it into Classify said
 
@@ -102,37 +76,74 @@ def train_tab(runs: live.LiveRuns, dataset: str, limits: Limits, models: Models)
         n = runs.resume()
         return f"Resumed {n} runs from their checkpoints." if n else "No stopped run to resume."
 
-    def on_tick(last):
-        statuses = runs.poll()
-        signature = [(s.strategy, s.state, len(s.steps), len(s.validations)) for s in statuses]
-        if signature == last:
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), last
-        rows = live.curves(statuses, runs.started)
-        states = ", ".join(f"{s.strategy}: {s.state}" for s in statuses)
-        lines = [f"Runs in `{shown(runs.group)}`: {states}" if statuses else "No runs yet."]
-        lines += [f"**{s.strategy} failed:** {s.error}" for s in statuses if s.state == "failed"]
-        lines += [classify_finished(s) for s in statuses if s.state == "finished"]
-        return (_plot(rows["loss"], "loss"), _plot(rows["accuracy"], "val_accuracy"),
-                pd.DataFrame([live.summary_row(s) for s in statuses]), "\n\n".join(lines), signature)
-
-    def classify_finished(s: live.Status) -> str:
-        """Load a finished run into the classify panel (once); the line saying so."""
-        if s.folder not in classified:
-            try:
-                models.load(s.folder, trusted=True)  # the demo's own run: appended last
-                classified[s.folder] = f"**{s.strategy}** is in Classify as *{models.loaded[-1].name}*."
-            except UserError as e:
-                classified[s.folder] = f"**{s.strategy}** could not be loaded in Classify: {e}"
-        return classified[s.folder]
-
-    model.change(on_model, [model, strategies], strategies)
+    ui.model.change(on_model, [ui.model, ui.strategies], ui.strategies)
     # Named endpoints: what the page's API (gradio_client) calls them; the tests call them so.
-    start.click(on_start, [model, data, strategies, devices, steps, batch, every], status,
-                api_name="start")
-    stop.click(on_stop, None, status, api_name="stop")
-    resume.click(on_resume, None, status, api_name="resume")
-    gr.Timer(TICK_S).tick(on_tick, seen, [loss, accuracy, table, status, seen],
-                          show_progress="hidden")
+    ui.start.click(on_start, [ui.model, ui.data, ui.strategies, ui.devices, ui.steps, ui.batch, ui.every],
+                   ui.status, api_name="start")
+    ui.stop.click(on_stop, None, ui.status, api_name="stop")
+    ui.resume.click(on_resume, None, ui.status, api_name="resume")
+    gr.Timer(TICK_S).tick(lambda last: _tick(runs, models, classified, last), seen,
+                          [ui.loss, ui.accuracy, ui.table, ui.status, seen], show_progress="hidden")
+
+
+def _train_controls(spec: live.RunSpec, limits: Limits) -> SimpleNamespace:
+    """The train panel's fields, buttons, status line, plots and table (laid out here)."""
+    ui = SimpleNamespace()
+    with gr.Row():
+        ui.model = gr.Dropdown(list(MODELS), value=spec.model, label="model", elem_id="model")
+        ui.data = gr.Dropdown(list(DATASETS), value=spec.dataset, label="dataset", elem_id="dataset")
+        ui.devices = gr.Number(spec.devices, label=f"simulated devices per run (≤ {limits.max_devices})",
+                               precision=0, elem_id="devices")
+        ui.steps = gr.Number(spec.steps, label=f"steps (≤ {limits.max_steps})", precision=0,
+                             elem_id="steps")
+        ui.batch = gr.Number(spec.batch_size, label=f"global batch (≤ {limits.max_batch})", precision=0,
+                             elem_id="batch")
+        ui.every = gr.Number(spec.eval_every, label="validate every", precision=0, elem_id="eval-every")
+    allowed = live.strategies_for(spec.model)
+    ui.strategies = gr.CheckboxGroup(allowed, value=[s for s in spec.strategies if s in allowed],
+                                     label=f"strategies (one process each, ≤ {limits.max_runs})",
+                                     elem_id="strategies")
+    with gr.Row():
+        ui.start, ui.stop, ui.resume = (gr.Button("Start", variant="primary", elem_id="start"),
+                                        gr.Button("Stop (checkpoint)", elem_id="stop"),
+                                        gr.Button("Resume", elem_id="resume"))
+    ui.status = gr.Markdown("Pick strategies and press Start.", elem_id="train-status")
+    with gr.Row():
+        ui.loss = gr.LinePlot(_frame([], "loss"), x="seconds", y="loss", color="strategy",
+                              title="training loss (running mean of the epoch)",
+                              x_title="wall seconds since start", elem_id="loss-plot")
+        ui.accuracy = gr.LinePlot(_frame([], "val_accuracy"), x="seconds", y="val_accuracy",
+                                  color="strategy", title="validation accuracy", y_lim=[0, 1],
+                                  x_title="wall seconds since start", elem_id="accuracy-plot")
+    ui.table = gr.Dataframe(pd.DataFrame([]), label="runs", elem_id="run-table", interactive=False)
+    return ui
+
+
+def _tick(runs: live.LiveRuns, models: Models, classified: dict, last):
+    """What the train panel shows now: (loss plot, accuracy plot, table, status, signature);
+    nothing redrawn while no run has moved since `last`."""
+    statuses = runs.poll()
+    signature = [(s.strategy, s.state, len(s.steps), len(s.validations)) for s in statuses]
+    if signature == last:
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip(), last
+    rows = live.curves(statuses, runs.started)
+    states = ", ".join(f"{s.strategy}: {s.state}" for s in statuses)
+    lines = [f"Runs in `{shown(runs.group)}`: {states}" if statuses else "No runs yet."]
+    lines += [f"**{s.strategy} failed:** {s.error}" for s in statuses if s.state == "failed"]
+    lines += [_classify_finished(models, classified, s) for s in statuses if s.state == "finished"]
+    return (_plot(rows["loss"], "loss"), _plot(rows["accuracy"], "val_accuracy"),
+            pd.DataFrame([live.summary_row(s) for s in statuses]), "\n\n".join(lines), signature)
+
+
+def _classify_finished(models: Models, classified: dict, s: live.Status) -> str:
+    """Load a finished run into the classify panel (once); the line saying so."""
+    if s.folder not in classified:
+        try:
+            models.load(s.folder, trusted=True)  # the demo's own run: appended last
+            classified[s.folder] = f"**{s.strategy}** is in Classify as *{models.loaded[-1].name}*."
+        except UserError as e:
+            classified[s.folder] = f"**{s.strategy}** could not be loaded in Classify: {e}"
+    return classified[s.folder]
 
 
 def evaluation_views(models: Models, message: str = "") -> tuple:
