@@ -7,9 +7,12 @@ loop), `bench.benchmark`, `parallel.STRATEGIES`. The command line is `python -m 
 (see README.md).
 """
 
-from jaxpar.mesh import eigen_cpu_convolutions
+from jaxpar import host_memory
+from jaxpar.mesh import cpu_backend_expected, eigen_cpu_convolutions
 
 eigen_cpu_convolutions()  # before any JAX backend starts: XLA reads XLA_FLAGS once
+if cpu_backend_expected():
+    host_memory.keep_freed_memory()  # before JAX's threads first allocate
 
 API = ("Dataset", "Trained", "benchmark", "fit", "register_model")
 

@@ -56,7 +56,7 @@ class ModelConfig:
     width: int | None = _opt(None, "hidden width (mlp, stack-mlp) or model dimension (vit)", valid=AT_LEAST_1)
     activation: str | None = _opt(None, "relu | sigmoid | tanh (mlp, stack-mlp)")
     batch_norm: bool | None = _opt(None, "batch norm after each conv (cnn)")
-    conv_impl: str | None = _opt(None, "auto | xla | cpu: how convolutions, pooling and batch norm are computed (cnn, resnet; default auto: cpu on a CPU, xla (cuDNN) elsewhere)")
+    conv_impl: str | None = _opt(None, "auto | xla | cpu | onednn: how convolutions, pooling and batch norm are computed (cnn, resnet; default auto: onednn on a CPU where oneDNN is installed, else cpu there; xla (cuDNN) elsewhere)")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpar.models import onednn
+
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 # mpi4jax's collectives are custom calls (custom_call_target="mpi_allreduce_ffi"): counted as
 # ops "mpi_allreduce", "mpi_gather", ... with the bytes of their data operand.
@@ -181,8 +183,9 @@ def collective_bytes(hlo_text: str, branch_every: int = 1) -> dict[str, int]:
 def program_stats(compiled, branch_every: int = 1) -> dict[str, Any]:
     """FLOPs, memory per device and collective bytes of one compiled executable.
 
-    FLOPs come from XLA's cost analysis, which counts a loop body once; programs with loops
-    report `has_loops: True` so nobody mistakes it for the total.
+    FLOPs come from XLA's cost analysis, which counts a loop body once (programs with loops
+    report `has_loops: True` so nobody mistakes it for the total), plus the oneDNN
+    convolutions' (custom calls it cannot see: `onednn.hlo_flops`).
 
     Args:
       branch_every: see `collective_bytes`.
@@ -193,7 +196,7 @@ def program_stats(compiled, branch_every: int = 1) -> dict[str, Any]:
     mem = compiled.memory_analysis()
     text = compiled.as_text()
     return {
-        "flops": float(cost.get("flops", 0.0)) if cost else 0.0,
+        "flops": (float(cost.get("flops", 0.0)) if cost else 0.0) + onednn.hlo_flops(text),
         "has_loops": " while(" in text,
         "collective_bytes": collective_bytes(text, branch_every),
         "memory": {

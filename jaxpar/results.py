@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jaxpar import gloo_poller, mesh, provenance
+from jaxpar import gloo_poller, host_memory, mesh, provenance
 from jaxpar.distributed import mpi_rank
 from jaxpar.errors import ResultsError
 
@@ -182,6 +182,7 @@ def environment() -> dict[str, Any]:
         "threads_per_process": jax.local_device_count() if mesh.single_threaded() else affinity,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "gloo_poller": gloo_poller.state(),  # None: one process (no gloo)
+        "malloc": host_memory.state(),
         "host": platform.node(),
         "platform": platform.platform(),
         **provenance.environment_fields(),

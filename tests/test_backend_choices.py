@@ -7,6 +7,7 @@ installed plugins; after, `jax.default_backend()`.
 """
 
 import os
+import subprocess
 import sys
 
 import jax
@@ -16,7 +17,8 @@ import pytest
 from flax import nnx
 
 from jaxpar import distributed, mesh, train
-from jaxpar.models import cnn, layers, make_model, resnet
+from jaxpar.errors import ConfigError
+from jaxpar.models import cnn, layers, make_model, onednn, resnet
 from jaxpar.parallel import dp_common
 
 
@@ -81,9 +83,11 @@ def test_one_pinned_thread_per_device_only_on_the_cpu(monkeypatch, no_flags, bac
         assert os.environ["XLA_FLAGS"] == "" and no_flags == []
 
 
-@pytest.mark.parametrize("backend, impl", [("cpu", "cpu"), ("gpu", "xla"), ("tpu", "xla")])
+@pytest.mark.parametrize("backend, impl", [("cpu", "onednn"), ("gpu", "xla"), ("tpu", "xla")])
 def test_layer_forms_follow_the_backend(monkeypatch, backend, impl):
     fake_backend(monkeypatch, backend)
+    if backend == "cpu" and onednn.unavailable():
+        impl = "cpu"  # oneDNN not installed here: the CPU's own forms
     assert layers.resolve("auto") == impl
     assert layers.resolve("xla") == "xla" and layers.resolve("cpu") == "cpu"  # asked for: kept
     model = cnn.CNN(rngs=nnx.Rngs(0))
@@ -91,6 +95,24 @@ def test_layer_forms_follow_the_backend(monkeypatch, backend, impl):
     assert model.conv1.conv_general_dilated is layers.CONV[impl]
     net = resnet.ResNet(rngs=nnx.Rngs(0))
     assert net.stem_conv.conv_general_dilated is layers.CONV[impl]
+
+
+def test_onednn_is_refused_off_the_cpu(monkeypatch):
+    fake_backend(monkeypatch, "gpu")
+    assert onednn.unavailable() == "not on a CPU backend"
+    with pytest.raises(ConfigError, match="not on a CPU backend"):
+        layers.resolve("onednn")
+
+
+@pytest.mark.parametrize("platforms, kept", [("cpu", True), ("cuda", False)])
+def test_malloc_keeps_freed_memory_only_for_the_cpu(platforms, kept):
+    """Set when `import jaxpar` runs (before JAX's threads allocate): a fresh process each."""
+    env = {**os.environ, "JAX_PLATFORMS": platforms}
+    env.pop("JAXPAR_MALLOC", None)
+    state = subprocess.run([sys.executable, "-c", "import jaxpar; from jaxpar import host_memory; "
+                            "print(host_memory.state())"], env=env, capture_output=True,
+                           text=True, timeout=120, check=True).stdout.strip()
+    assert state.startswith("kept") is kept, state
 
 
 @pytest.mark.parametrize("backend, interval", [("cpu", 1), ("gpu", 10)])

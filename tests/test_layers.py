@@ -15,7 +15,7 @@ from jax import lax
 import equivalence as eq
 from jaxpar import step as steplib
 from jaxpar.config import ConfigError
-from jaxpar.models import MODELS, batchnorm, layers, make_model
+from jaxpar.models import MODELS, batchnorm, layers, make_model, onednn
 
 DN = ("NHWC", "HWIO", "NHWC")
 PADDINGS = ["SAME", "VALID", ((1, 0), (2, 1))]
@@ -81,9 +81,9 @@ def test_max_pool_equals_lax_ties_included(size):
     np.testing.assert_array_equal(dx, ref_dx)  # exactly: the same element of a tie wins
 
 
-def test_auto_is_cpu_on_cpu_and_xla_elsewhere(monkeypatch):
+def test_auto_is_onednn_or_cpu_on_cpu_and_xla_elsewhere(monkeypatch):
     assert jax.default_backend() == "cpu"
-    assert layers.resolve("auto") == "cpu"
+    assert layers.resolve("auto") == ("cpu" if onednn.unavailable() else "onednn")
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert layers.resolve("auto") == "xla"
     assert layers.resolve("cpu") == "cpu"
@@ -111,11 +111,15 @@ def model_grads(name, conv_impl, **kwargs):
     return (params, model_state), grads_and_logits(params, model_state, batch)
 
 
+FAST_IMPLS = ["cpu"] + ([] if onednn.unavailable() else ["onednn"])
+
+
+@pytest.mark.parametrize("impl", FAST_IMPLS)
 @pytest.mark.parametrize("name,kwargs", [
     ("cnn", {}), ("cnn", dict(batch_norm=True)), ("resnet", {})], ids=["cnn", "cnn-bn", "resnet"])
-def test_models_equal_across_impls(name, kwargs):
+def test_models_equal_across_impls(name, kwargs, impl):
     (ref_init, ref_out) = model_grads(name, "xla", **kwargs)
-    (init, out) = model_grads(name, "cpu", **kwargs)
+    (init, out) = model_grads(name, impl, **kwargs)
     # The same parameter and statistics tree with the same values: a checkpoint written under
     # one implementation loads under the other.
     assert jax.tree.structure(init) == jax.tree.structure(ref_init)
@@ -191,10 +195,11 @@ def test_fast_batch_norm_leaves_what_it_does_not_cover_to_flax(kwargs, call):
                                   flax_bn(x, use_running_average=False, **call))
 
 
-def test_conv_impl_picks_the_batch_norm():
-    assert type(make_model("resnet", seed=0, conv_impl="cpu").stem_bn) is batchnorm.FastBatchNorm
+@pytest.mark.parametrize("impl", FAST_IMPLS)
+def test_conv_impl_picks_the_batch_norm(impl):
+    assert type(make_model("resnet", seed=0, conv_impl=impl).stem_bn) is batchnorm.FastBatchNorm
     assert type(make_model("resnet", seed=0, conv_impl="xla").stem_bn) is nnx.BatchNorm
-    cnn = make_model("cnn", seed=0, batch_norm=True, conv_impl="cpu")
+    cnn = make_model("cnn", seed=0, batch_norm=True, conv_impl=impl)
     assert type(cnn.bn1) is batchnorm.FastBatchNorm
 
 
@@ -203,5 +208,6 @@ def test_resnet_fast_forms_inside_shard_map_equal_lax_s():
     # from per-shard (varying) data; under shard_map that must still sum like lax's.
     runs = [eq.run(eq.config(model="resnet", width=None, depth=None, batch_size=16,
                              strategy="dp-shard-map", conv_impl=impl), steps=2, devices=4)
-            for impl in ("xla", "cpu")]
-    eq.assert_equivalent(*runs)
+            for impl in ("xla", *FAST_IMPLS)]
+    for run in runs[1:]:
+        eq.assert_equivalent(runs[0], run)

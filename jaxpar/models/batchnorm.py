@@ -1,6 +1,6 @@
 """Batch norm in the form XLA:CPU runs fast: the same layer as `nnx.BatchNorm`, other arithmetic.
 
-`conv_impl="cpu"` (layers.py, `--conv-impl`) builds `BATCH_NORM["cpu"]`, "xla" Flax's own. The
+`conv_impl="cpu"` or "onednn" (layers.py, `--conv-impl`) builds `FastBatchNorm`, "xla" Flax's own. The
 variables (scale, bias and the running mean and var) are Flax's, so checkpoints load under
 either. What changes, in training mode (batch statistics):
 - the forward pass takes the mean and the mean of squares in one reduction over x (as Flax's
@@ -94,4 +94,4 @@ class FastBatchNorm(nnx.BatchNorm):
         return y
 
 
-BATCH_NORM = {"xla": nnx.BatchNorm, "cpu": FastBatchNorm}
+BATCH_NORM = {"xla": nnx.BatchNorm, "cpu": FastBatchNorm, "onednn": FastBatchNorm}

@@ -24,19 +24,15 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
 import socket
 import struct
-import subprocess
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpar import data as datalib
+from jaxpar import native
 from jaxpar.parallel import addresses
 
 SOURCE = Path(__file__).with_name("p2p.cc")
@@ -46,8 +42,7 @@ BUFFER_BYTES = 4 << 20  # socket buffers: a micro-batch's activation fits (kerne
 _SEND, _RECV = "jaxpar_p2p_send", "jaxpar_p2p_recv"
 
 
-class Unavailable(RuntimeError):
-    """The custom calls cannot be built or loaded here."""
+Unavailable = native.Unavailable  # the custom calls cannot be built or loaded here
 
 
 def unavailable() -> str | None:
@@ -64,37 +59,11 @@ def unavailable() -> str | None:
 @functools.lru_cache(maxsize=None)
 def _library() -> ctypes.CDLL:
     """The built custom calls, loaded and registered with XLA:CPU (once per process)."""
-    lib = ctypes.cdll.LoadLibrary(str(_build()))
-    jax.ffi.register_ffi_target(_SEND, jax.ffi.pycapsule(lib.JaxparSend), platform="cpu")
-    jax.ffi.register_ffi_target(_RECV, jax.ffi.pycapsule(lib.JaxparRecv), platform="cpu")
-    return lib
+    return native.register(_build(), {_SEND: "JaxparSend", _RECV: "JaxparRecv"})
 
 
 def _build() -> Path:
-    """p2p.cc compiled into the cache (written under a temporary name, then renamed: processes
-    building at once never load a half-written library)."""
-    import jaxlib
-
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if compiler is None:
-        raise Unavailable("no C++ compiler (c++ or g++; or set CXX) to build jaxpar/parallel/p2p.cc")
-    key = hashlib.sha256(SOURCE.read_bytes() + jaxlib.__version__.encode()).hexdigest()[:16]
-    out = Path(datalib.cache_root()) / f"p2p-{key}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f"{out.name}.{os.getpid()}.part")
-    command = [compiler, "-O2", "-shared", "-fPIC", "-std=c++17", "-w", f"-I{jax.ffi.include_dir()}",
-               str(SOURCE), "-o", str(partial)]
-    try:
-        built = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise Unavailable(f"building p2p.cc failed ({' '.join(command)}): {e}") from e
-    if built.returncode:
-        partial.unlink(missing_ok=True)
-        raise Unavailable(f"building p2p.cc failed ({' '.join(command)}): {built.stderr[-500:]}")
-    os.replace(partial, out)
-    return out
+    return native.build(SOURCE)
 
 
 class Links:
