@@ -198,9 +198,15 @@ def anchor(rows: list[dict]) -> None:
     anchors (`anchor`: their error is 0 by construction). A group without a `single` point
     (the pipeline study; ranks beside a study's every-core `single`) takes the median scale
     of the same model and threads elsewhere, else of every model on those threads."""
-    anchors = [r for r in rows if r["strategy"] == "single" and r["steps_per_dispatch"] == 1
+    singles = [r for r in rows if r["strategy"] == "single" and r["steps_per_dispatch"] == 1
                and "predicted_ms" in r]
-    scales = {_group(r): r["measured_ms"] / r["predicted_ms"] for r in anchors}
+    # One anchor per group: the point named for `single` where another configuration also
+    # came out as `single` (the peers' "best" of the MLP), else the first.
+    chosen: dict = {}
+    for r in sorted(singles, key=lambda r: "single" not in r["point"]):
+        chosen.setdefault(_group(r), r)
+    anchors = list(chosen.values())
+    scales = {group: r["measured_ms"] / r["predicted_ms"] for group, r in chosen.items()}
     by_model: dict = {}
     for (_, model, threads), scale in scales.items():
         by_model.setdefault((model, threads), []).append(scale)

@@ -331,3 +331,15 @@ def test_a_pipeline_is_priced_cut_where_it_was_cut():
     assert stages[False] > 0.8 and stages[True] < 0.6
     pred, why = cost_check.predict_point(PROFILE, result["config"], result["env"], result["strategy"])
     assert why == "" and pred is not None
+
+
+def test_a_group_with_two_single_points_is_anchored_on_the_one_named_single():
+    """The peers' MLP "best" came out as `single` too: one anchor per group, the study's own."""
+    def row(point, measured):
+        return {"study": "peers", "point": f"peers/points/mlp/{point}", "model": "mlp",
+                "strategy": "single", "steps_per_dispatch": 1, "one_thread": False,
+                "predicted_ms": 2.0, "measured_ms": measured, "wire_ms": 0.0}
+    best, single = row("jaxpar-best", 3.0), row("jaxpar-single", 4.0)
+    cost_check.anchor([best, single])
+    assert single["anchor"] and single["error"] == pytest.approx(0)
+    assert not best["anchor"] and best["error"] == pytest.approx(4.0 / 3.0 - 1)
