@@ -132,25 +132,25 @@ def _partitioned(target: str, rule: str):
     def call(size, strides, pads, a, b):
         return _call(target, _result_shape(target, size, strides, pads, a, b), a, b, strides, pads)
 
-    def shardings(mesh, arg_shapes):
+    def shardings(device_mesh, arg_shapes):
         spec = getattr(arg_shapes[0].sharding, "spec", None)
         batch = spec[0] if spec else None
-        images, replicated = (NamedSharding(mesh, PartitionSpec(batch, None, None, None)),
-                              NamedSharding(mesh, PartitionSpec()))
+        images, replicated = (NamedSharding(device_mesh, PartitionSpec(batch, None, None, None)),
+                              NamedSharding(device_mesh, PartitionSpec()))
         args = tuple(replicated if i == kernel_operand else images for i in range(2))
         return batch, args, replicated if sums else images
 
-    def infer(size, strides, pads, mesh, arg_shapes, result_shape):
-        return shardings(mesh, arg_shapes)[2]
+    def infer(size, strides, pads, device_mesh, arg_shapes, result_shape):
+        return shardings(device_mesh, arg_shapes)[2]
 
-    def partition(size, strides, pads, mesh, arg_shapes, result_shape):
-        batch, args, out = shardings(mesh, arg_shapes)
+    def partition(size, strides, pads, device_mesh, arg_shapes, result_shape):
+        batch, args, out = shardings(device_mesh, arg_shapes)
 
         def lower(a, b):
             local = _call(target, _result_shape(target, size, strides, pads, a, b), a, b,
                           strides, pads)
             return jax.lax.psum(local, batch) if sums and batch else local
-        return mesh, lower, out, args
+        return device_mesh, lower, out, args
 
     call.def_partition(partition=partition, infer_sharding_from_operands=infer,
                        sharding_rule=rule)
