@@ -39,6 +39,6 @@ def test_a_large_temporary_faults_once_not_every_execution():
     default_state, default = faults_per_call("default")
     assert state.startswith("kept") and default_state.startswith("glibc defaults")
     assert default > 5000, f"without the settings {default:.0f} faults a call: the test no longer sees the block"
-    # Most fresh processes fault 0 times a call kept; some ~7,200 (measured: 2 of 9 runs; the
+    # Fresh processes fault 0 times a call kept, or ~7,200 (measured: 4 of 8 runs; the
     # block is then partly served from fresh heap pages; not understood, host_memory.py).
     assert kept < 0.75 * default, f"{kept:.0f} page faults a call kept against {default:.0f} with glibc's defaults"
