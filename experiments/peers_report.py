@@ -76,12 +76,27 @@ def rows(config, rounds: dict[str, dict[str, list]], best: dict, labels: dict[st
                 "first_step_s": _median(rec["first_step_s"] for rec in recs),
                 "flops_per_step": flops, "achieved_gflops": achieved, "peak_gflops": peak,
                 "percent_of_peak": None if achieved is None or not peak else 100 * achieved / peak}
+        _best_measured(by_key, best.get(model))
         for key, row in by_key.items():
             peer = _peer(key, by_key)
             row["peer"] = peer
             row["ratio_vs_peer"] = None if peer is None else row["images_per_sec"] / by_key[peer]["images_per_sec"]
             out.append(row)
     return out
+
+
+def _best_measured(by_key: dict[str, dict], screened: dict | None) -> None:
+    """The best single-process row is the faster of the screen's pick and `single`, both
+    measured in the rounds: `single` is a candidate too, and a 10-call screen on this noisy
+    machine has picked a configuration the rounds then timed slower than `single` (the
+    ResNet's local-sgd x2, 53.9 against 50.3 ms). The pick's own time stays in the row."""
+    single, pick = by_key.get("jaxpar-single"), by_key.get("jaxpar-best")
+    if single is None or pick is None or pick["ms_per_step"] <= single["ms_per_step"]:
+        return
+    by_key["jaxpar-best"] = {
+        **single, "config": "jaxpar-best", "what": "best single-process: single on 1 device(s)",
+        "screened_pick": describe_best(screened) if screened else pick["what"],
+        "screened_pick_ms_per_step": pick["ms_per_step"]}
 
 
 def study(config, settings: dict, labels: dict[str, tuple[str, str]], counts: dict, best: dict,
@@ -161,6 +176,12 @@ def summary(data: dict) -> str:
         f"{cfg['screen_iters']} calls each, of one step or of the steps per dispatch shown): " + "; ".join(
             f"{model}: " + ", ".join(f"{c['strategy']} x{c['devices']}{chained(c)} {c['images_per_sec']:,.0f}"
                                      for c in b["candidates"]) for model, b in m["best"].items())]
+    slower = [r for r in m["rows"] if r.get("screened_pick")]
+    if slower:
+        lines.append("\nWhere the best single-process row is `single`, the screen's pick ran slower in "
+                     "the rounds than `single` did: " + "; ".join(
+                         f"{r['model']}: {r['screened_pick']}, {r['screened_pick_ms_per_step']:.2f} ms/step"
+                         for r in slower) + ".")
     load, cores = env.get("load_average_1min") or [0], env["cpu_cores"]
     # The average counts the study's own processes: a point's busy threads, and the rank
     # points' spin-waiting ranks and launcher, leave it near or a little above the cores.

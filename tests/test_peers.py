@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import peers
+from experiments import peers, peers_report
 from experiments.__main__ import EXIT_USAGE, run
 from experiments.torch_point import TorchPoint
 from jaxpar import data as datalib
@@ -123,6 +123,34 @@ def test_the_screening_is_single_and_the_data_parallel_family():
     assert "dp-pmap" in set(family) - chains  # a pmapped step is screened one step per call
     assert sorted(found.candidates[2:]) == sorted((s, n, k) for s in family for n in (2, 4)
                                                   for k in (1, 4) if k == 1 or s in chains)
+
+
+@pytest.mark.parametrize("pick_ms, best_ms, named", [(53.9, 50.3, "single on 1 device(s)"),
+                                                      (48.0, 48.0, "local-sgd on 2 device(s)")])
+def test_best_row_is_the_faster_of_the_pick_and_single_in_the_rounds(pick_ms, best_ms, named):
+    def record(ms):
+        return {"ms": ms, "processes": 1, "threads": 2, "first_step_s": 1.0,
+                "peak_gflops": 100.0, "flops_per_step": 1e9}
+
+    rounds = {"resnet": {"jaxpar-single": [record(50.3)], "jaxpar-best": [record(pick_ms)],
+                         "torch-eager": [record(66.7)]}}
+    screened = {"resnet": {"strategy": "local-sgd", "devices": 2, "steps_per_dispatch": 4}}
+    labels = {key: (framework, what) for key, framework, what in peers.CONFIGS}
+    config = peers.PeersConfig()
+    rows = {r["config"]: r for r in peers_report.rows(config, rounds, screened, labels)}
+    best = rows["jaxpar-best"]
+    assert best["ms_per_step"] == best_ms and named in best["what"]
+    assert best["ratio_vs_peer"] == pytest.approx(66.7 / best_ms)
+    assert best.get("screened_pick_ms_per_step", pick_ms) == pick_ms
+    if best_ms != pick_ms:  # the pick's own time is said beside the table
+        data = {"config": {**dataclasses.asdict(config), "screen_iters": 10},
+                "env": {"cpu_cores": 2, "jax": jax.__version__}, "metrics": {"rows": list(rows.values()),
+                                                     "param_counts": {}, "best": screened,
+                                                     "skipped": {}, "failed": {}}}
+        screened["resnet"]["candidates"] = []
+        assert "resnet: local-sgd on 2 device(s), 4 steps per dispatch, 53.90 ms/step" in (
+            peers_report.summary(data))
+    assert rows["jaxpar-single"]["ms_per_step"] == 50.3
 
 
 @pytest.fixture(scope="module")
