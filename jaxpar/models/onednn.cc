@@ -41,6 +41,9 @@ struct Geometry {  // n, h, w, c: the input; kh, kw, o: the kernel; strides; pad
   memory::desc input() const { return memory::desc({n, c, h, w}, dt::f32, tag::nhwc); }
   memory::desc output() const { return memory::desc({n, o, oh(), ow()}, dt::f32, tag::nhwc); }
   memory::desc kernel(tag t) const { return memory::desc({o, c, kh, kw}, dt::f32, t); }
+  memory::dims strides() const { return {sh, sw}; }
+  memory::dims before() const { return {pt, pl}; }
+  memory::dims after() const { return {pb, pr}; }
 };
 
 struct Plan {
@@ -55,6 +58,23 @@ std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, i
          std::shared_ptr<const Plan>>
     plans;
 
+template <typename Primitive>
+void Fill(Plan& plan, const typename Primitive::primitive_desc& pd, const memory::desc& kernel) {
+  plan.primitive = Primitive(pd);
+  plan.kernel = kernel;
+  plan.scratch_bytes = pd.scratchpad_desc().get_size();
+}
+
+// A gradient's primitive descriptor: both take the same arguments (the kernel's layout: any).
+template <typename Primitive>
+typename Primitive::primitive_desc BackwardDesc(
+    const Geometry& g, const dnnl::convolution_forward::primitive_desc& forward,
+    const dnnl::primitive_attr& attr) {
+  return typename Primitive::primitive_desc(
+      Engine(), dnnl::algorithm::convolution_direct, g.input(), g.kernel(tag::any), g.output(),
+      g.strides(), g.before(), g.after(), forward, attr);
+}
+
 // The primitive for one chunk's shape, made once (oneDNN generates its kernels then).
 std::shared_ptr<const Plan> GetPlan(Kind kind, const Geometry& g) {
   std::lock_guard<std::mutex> lock(plans_mutex);
@@ -63,30 +83,18 @@ std::shared_ptr<const Plan> GetPlan(Kind kind, const Geometry& g) {
   omp_set_num_threads(1);  // made for, and run on, one thread
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // chunks run at once: one each
-  memory::dims strides{g.sh, g.sw}, before{g.pt, g.pl}, after{g.pb, g.pr};
-  auto any = g.kernel(tag::any);
   auto forward = dnnl::convolution_forward::primitive_desc(
       Engine(), dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-      g.input(), any, g.output(), strides, before, after, attr);
+      g.input(), g.kernel(tag::any), g.output(), g.strides(), g.before(), g.after(), attr);
   auto plan = std::make_shared<Plan>();
   if (kind == kForward) {
-    plan->primitive = dnnl::convolution_forward(forward);
-    plan->kernel = forward.weights_desc();
-    plan->scratch_bytes = forward.scratchpad_desc().get_size();
+    Fill<dnnl::convolution_forward>(*plan, forward, forward.weights_desc());
   } else if (kind == kInputGrad) {
-    auto pd = dnnl::convolution_backward_data::primitive_desc(
-        Engine(), dnnl::algorithm::convolution_direct, g.input(), any, g.output(), strides,
-        before, after, forward, attr);
-    plan->primitive = dnnl::convolution_backward_data(pd);
-    plan->kernel = pd.weights_desc();
-    plan->scratch_bytes = pd.scratchpad_desc().get_size();
+    auto pd = BackwardDesc<dnnl::convolution_backward_data>(g, forward, attr);
+    Fill<dnnl::convolution_backward_data>(*plan, pd, pd.weights_desc());
   } else {
-    auto pd = dnnl::convolution_backward_weights::primitive_desc(
-        Engine(), dnnl::algorithm::convolution_direct, g.input(), any, g.output(), strides,
-        before, after, forward, attr);
-    plan->primitive = dnnl::convolution_backward_weights(pd);
-    plan->kernel = pd.diff_weights_desc();
-    plan->scratch_bytes = pd.scratchpad_desc().get_size();
+    auto pd = BackwardDesc<dnnl::convolution_backward_weights>(g, forward, attr);
+    Fill<dnnl::convolution_backward_weights>(*plan, pd, pd.diff_weights_desc());
   }
   plans[key] = plan;
   return plan;
@@ -221,11 +229,13 @@ ffi::Error KernelGrad(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
     Geometry g = Make(x.dimensions(), dw->dimensions(), sh, sw, pt, pb, pl, pr);
     int chunks = ChunkCount(pool, g.n, threads);
     size_t size = dw->element_count();
-    std::vector<float> parts(size * (chunks - 1));  // chunk 0 writes dw itself
+    thread_local std::vector<float> kept;  // the calling thread's, reused by its next calls
+    kept.resize(size * (chunks - 1));
+    float* parts = kept.data();  // chunk 0 writes dw itself
     ForEachChunk(pool, chunks, [&](int i) {
       int64_t first;
       Geometry part = Chunk(g, chunks, i, &first);
-      float* out = i == 0 ? dw->typed_data() : parts.data() + (i - 1) * size;
+      float* out = i == 0 ? dw->typed_data() : parts + (i - 1) * size;
       RunChunk(kKernelGrad, part, first, x.typed_data(), out, dy.typed_data());
     });
     float* sum = dw->typed_data();
