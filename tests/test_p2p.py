@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxpar import native
 from jaxpar.parallel import p2p
 
 
@@ -60,5 +61,5 @@ def test_no_compiler_is_said(tmp_path, monkeypatch):
     monkeypatch.setenv("JAXPAR_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     with pytest.raises(p2p.Unavailable, match="building p2p.cc failed"):
-        p2p._build()
+        native.build(p2p.SOURCE)
     assert not list(tmp_path.glob("*.so"))  # nothing half-written left behind

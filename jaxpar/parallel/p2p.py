@@ -59,11 +59,7 @@ def unavailable() -> str | None:
 @functools.lru_cache(maxsize=None)
 def _library() -> ctypes.CDLL:
     """The built custom calls, loaded and registered with XLA:CPU (once per process)."""
-    return native.register(_build(), {_SEND: "JaxparSend", _RECV: "JaxparRecv"})
-
-
-def _build() -> Path:
-    return native.build(SOURCE)
+    return native.register(native.build(SOURCE), {_SEND: "JaxparSend", _RECV: "JaxparRecv"})
 
 
 class Links:
