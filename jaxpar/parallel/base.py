@@ -75,6 +75,9 @@ class Strategy:
     # The strategy-specific ParallelConfig options it reads; another strategy's option given a
     # non-default value is refused (`jaxpar.validate`), never silently ignored.
     options: tuple[str, ...] = ()
+    # What --conv-impl auto builds under this strategy on a CPU (`jaxpar.train.model_config`);
+    # None: the backend's choice (`layers.resolve`).
+    auto_conv_impl: str | None = None
 
     @classmethod
     def check(cls, config: TrainConfig, axes: dict[str, int]) -> list[str]:
