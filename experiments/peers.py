@@ -15,7 +15,8 @@ other settings. First a screening picks jaxpar's best single-process configurati
 --screen-iters steps each); then --rounds rounds go round-robin over every configuration,
 the order rotated each round, so drift on a shared machine hits all alike (each round its
 own folder: r0, r1, ...). A configuration's ms/step is the median over rounds of each
-round's median of --iters steps. The model-parallel section (experiments/peers_mp.py) runs
+round's median of --iters steps; the best single-process row is the faster of the screen's
+pick and `single` in the rounds (peers_report). The model-parallel section (experiments/peers_mp.py) runs
 PyTorch's pipelining and tensor parallelism beside jaxpar's on the same ranks, in rounds of
 its own; --sections runs one section and keeps the other's rows from OUT/peers.json. Writes OUT/peers.json (RunResult: config, env,
 metrics.rows), OUT/summary.md and OUT/peers.png, atomically.

@@ -21,12 +21,12 @@ compilation (`compile_s`, reported apart) and without evaluation. It survives `-
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import math
 import statistics
 import time
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
