@@ -76,7 +76,8 @@ def rows(config, rounds: dict[str, dict[str, list]], best: dict, labels: dict[st
                 "first_step_s": _median(rec["first_step_s"] for rec in recs),
                 "flops_per_step": flops, "achieved_gflops": achieved, "peak_gflops": peak,
                 "percent_of_peak": None if achieved is None or not peak else 100 * achieved / peak}
-        _best_measured(by_key, best.get(model))
+        if "jaxpar-best" in by_key:
+            _best_measured(by_key, best[model])
         for key, row in by_key.items():
             peer = _peer(key, by_key)
             row["peer"] = peer
@@ -85,17 +86,17 @@ def rows(config, rounds: dict[str, dict[str, list]], best: dict, labels: dict[st
     return out
 
 
-def _best_measured(by_key: dict[str, dict], screened: dict | None) -> None:
+def _best_measured(by_key: dict[str, dict], screened: dict) -> None:
     """The best single-process row is the faster of the screen's pick and `single`, both
     measured in the rounds: `single` is a candidate too, and a 10-call screen on this noisy
     machine has picked a configuration the rounds then timed slower than `single` (the
     ResNet's local-sgd x2, 53.9 against 50.3 ms). The pick's own time stays in the row."""
-    single, pick = by_key.get("jaxpar-single"), by_key.get("jaxpar-best")
-    if single is None or pick is None or pick["ms_per_step"] <= single["ms_per_step"]:
+    single, pick = by_key.get("jaxpar-single"), by_key["jaxpar-best"]
+    if single is None or pick["ms_per_step"] <= single["ms_per_step"]:
         return
     by_key["jaxpar-best"] = {
         **single, "config": "jaxpar-best", "what": "best single-process: single on 1 device(s)",
-        "screened_pick": describe_best(screened) if screened else pick["what"],
+        "screened_pick": describe_best(screened),
         "screened_pick_ms_per_step": pick["ms_per_step"]}
 
 

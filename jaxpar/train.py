@@ -21,7 +21,6 @@ compilation (`compile_s`, reported apart) and without evaluation. It survives `-
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import itertools
 import math
@@ -65,17 +64,8 @@ def make_strategy(config: TrainConfig):
 def build_model(config: TrainConfig):
     """The model `config` describes, its parameters seeded by `config.seed`, for the images
     and classes of its dataset."""
-    return models.from_config(model_config(config), config.seed, datalib.spec(config.data))
-
-
-def model_config(config: TrainConfig):
-    """`config.model`, with --conv-impl auto made the strategy's choice on a CPU where it has
-    one (`Strategy.auto_conv_impl`)."""
-    preferred = STRATEGIES[config.parallel.strategy].auto_conv_impl
-    if (preferred is None or config.model.conv_impl not in (None, "auto")
-            or "conv_impl" not in models.takes(config.model.model) or jax.default_backend() != "cpu"):
-        return config.model
-    return dataclasses.replace(config.model, conv_impl=preferred)
+    model = STRATEGIES[config.parallel.strategy].model_config(config.model)
+    return models.from_config(model, config.seed, datalib.spec(config.data))
 
 
 def evaluate(strategy, state, split, batch_size: int) -> dict[str, float]:

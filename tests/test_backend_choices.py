@@ -20,7 +20,7 @@ from jaxpar import distributed, mesh, train
 from jaxpar.config import TrainConfig, with_options
 from jaxpar.errors import ConfigError
 from jaxpar.models import cnn, layers, make_model, onednn, resnet
-from jaxpar.parallel import dp_common
+from jaxpar.parallel import STRATEGIES, dp_common
 
 
 @pytest.fixture
@@ -107,8 +107,8 @@ def test_a_strategy_may_choose_what_auto_builds_on_the_cpu(monkeypatch, backend,
     config = with_options(TrainConfig(), model="cnn", strategy=strategy, dataset="synthetic")
     built = train.build_model(config).conv1.conv_general_dilated
     assert built is layers.CONV[impl or layers.resolve("auto")]
-    asked = with_options(config, conv_impl="xla")
-    assert train.model_config(asked).conv_impl == "xla"  # asked for: kept
+    asked = with_options(config, conv_impl="xla").model
+    assert STRATEGIES[strategy].model_config(asked).conv_impl == "xla"  # asked for: kept
 
 
 def test_onednn_is_refused_off_the_cpu(monkeypatch):
