@@ -8,8 +8,10 @@ the kernel maps and zero-fills it again: 16,563 page faults per ResNet step, mea
 ~13 ms of a ~75 ms step on this project's 2-core machine. `keep_freed_memory` makes every thread
 allocate from the main heap (one arena), never by mmap, and keep up to `KEEP_BYTES` freed at its
 top, as PyTorch's CPU guides get by preloading jemalloc or tcmalloc: 0 faults a step after the
-first. (A 49 MB temporary in a fresh process: 0 faults a call in half the runs, ~7,200 against
-~12,000 in some; not yet understood.) Set JAXPAR_MALLOC=default to leave glibc's settings alone.
+first. The heap still grows by a fresh block in a few early calls, then stops (a 49 MB temporary,
+300 calls: 1-4 such calls, all in the first 70; fewer with 10 ms idle after each call, so
+likely a call allocating before the last one's block is freed). Set JAXPAR_MALLOC=default to
+leave glibc's settings alone.
 
 It must run before the threads that allocate (JAX's) first call malloc: `import jaxpar` calls
 it, on a CPU backend only (`mesh.cpu_backend_expected`).
