@@ -13,6 +13,7 @@ import equivalence as eq
 from conftest import requires_devices
 from jaxpar import measure
 from jaxpar.errors import ConfigError
+from jaxpar.parallel import p2p
 
 CONV = dict(width=None, depth=None, lr=0.02)
 MODELS = {"mlp": dict(width=32, depth=3, lr=0.02), "cnn": CONV, "resnet": CONV,
@@ -57,10 +58,14 @@ def test_layer_split_matches_single(refs, model, stages, boundaries):
 
 
 @requires_devices(2)
-def test_compile_covers_every_stage_program():
+@pytest.mark.parametrize("programs", ["one per stage", "walked"])
+def test_compile_covers_every_stage_program(programs, monkeypatch):
+    if programs == "walked":  # as where the in-program messages cannot be built
+        monkeypatch.setattr(p2p, "unavailable", lambda: "no C++ compiler (the test's)")
     cfg = eq.config(model="stack-mlp", strategy="layer-split", mesh="stage=2", width=32, depth=2)
     got = eq.run(cfg, steps=1, devices=2)
     s = got.strategy
+    assert (s.rank_step is not None) == (programs == "one per stage")
     batch = s.place_batch(eq.batches(64, 1)[0])
     programs = s.compile("step", got.state, batch)
     assert programs.seconds > 0 and programs.parts
@@ -68,7 +73,11 @@ def test_compile_covers_every_stage_program():
     state, sums = s.step(got.state, batch)
     jax.device_get(sums)
     assert dict(s.trace_counts) == counts  # compiled executables ran: no retrace
-    assert {"train_fwd0@0", "bwd0@0", "last@0", "update0@0", "update1@0"} <= {p.name for p in programs.parts}
+    names = {p.name for p in programs.parts}
+    if s.rank_step:
+        assert names == {"rank_step0@0", "rank_step1@0"}
+    else:
+        assert {"train_fwd0@0", "bwd0@0", "last@0", "update0@0", "update1@0"} <= names
     assert all(key[0] == "step" for key in s.compiled)
     # memory per device: the fullest device and the largest stage program, not stage 0's first
     acc = s.accounting(programs, state)
@@ -79,8 +88,12 @@ def test_compile_covers_every_stage_program():
     assert programs.flops == sum(
         measure.program_stats(c)["flops"] for key, c in s.compiled.items() if key[0] == "step")
     assert len(acc["memory_per_stage"]) == 2
-    # stage 0's residuals, held from its forward program to its backward, count as activations
-    assert acc["activation_bytes_per_device"] >= s.compiled["step", "train_fwd0", s.device(0).id].memory_analysis().output_size_in_bytes
+    # stage 0's residuals, held from its forward to its backward, count as activations:
+    # temporaries of its one program, or outputs of its forward program when walked
+    held = (s.compiled["step", "rank_step0", s.device(0).id].memory_analysis().temp_size_in_bytes
+            if s.rank_step else
+            s.compiled["step", "train_fwd0", s.device(0).id].memory_analysis().output_size_in_bytes)
+    assert acc["activation_bytes_per_device"] >= held > 0
     nbytes = lambda t: sum(x.nbytes for x in jax.tree.leaves(t))  # noqa: E731
     per_stage = [nbytes(p) + nbytes(o) for p, o in zip(state.params, state.opt_state)]
     assert acc["state_bytes_per_device"] == max(per_stage) < sum(per_stage)

@@ -22,11 +22,7 @@ from jaxpar.parallel import p2p
 @pytest.fixture
 def pair():
     """Two connected TCP sockets on loopback, set up as `connect` sets up its links."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        a = socket.create_connection(listener.getsockname())
-        b, _ = listener.accept()
-    for s in (a, b):
-        p2p._for_custom_calls(s)
+    a, b = p2p.pair()
     yield a, b
     a.close()
     b.close()

@@ -22,9 +22,10 @@ arrived, so the stages overlap as the schedule says. No stage program holds cont
 XLA:CPU runs convolutions inside a conditional or a loop body on a slow path (a conv's forward
 and backward ~20x slower inside `lax.switch`; jax-ml/jax#12868), which the single SPMD program
 (`lax.switch` over stages inside a `lax.scan` of ticks) cannot avoid. The last stage runs
-each micro-batch's forward and backward together, at its forward's slot. Across processes,
-where each process holds one stage on one device, `step` is one program per process instead
-(`rank_step`: the same stage functions, the messages sent inside the program).
+each micro-batch's forward and backward together, at its forward's slot. Where every stage
+has a device of its own (within a process, or one stage per process), `step` is one program
+per stage instead (`rank_step`: the same stage functions, the messages sent inside the
+programs); the walk remains for GEMS, several devices per stage, `gradients` and timelines.
 
 With replicas (GEMS), stage s of replica r lives on device `schedules.device_of(s, r, S)`;
 after the schedule each stage's two gradient copies are exchanged and summed, so both copies
@@ -133,7 +134,7 @@ class HostPipeline(Strategy):
         self.stamps, self._stamped_jits = host_timeline.Stamps(), {}  # `timeline` only
         self._shapes_elsewhere: dict = {}  # (program, device id) -> its outputs' shapes
         self._build_programs()
-        # Across processes, one stage each: the step as one program per process (`rank_step`)
+        # A device per stage: the step as one program per stage (`rank_step`)
         self.not_one_program = RankStep.reason_not(self)
         self.rank_step = RankStep(self) if self.not_one_program is None else None
         return self.state_from_reference(steplib.init_state(ref_params, ref_state, tx))
@@ -379,7 +380,10 @@ class HostPipeline(Strategy):
         """AOT-compile every program `name` ('step' or 'eval_step') runs, each on the device of
         each stage copy; returns them all (`measure.Programs`) with how often a call runs each."""
         start = time.perf_counter()
-        parts = host_compile.compile_programs(self, name, state, batch)
+        if name == "step" and self.rank_step is not None:
+            parts = self.rank_step.compile(state, batch)
+        else:
+            parts = host_compile.compile_programs(self, name, state, batch)
         return measure.Programs(name, time.perf_counter() - start, tuple(parts))
 
     # --- accounting ------------------------------------------------------------------------
@@ -407,24 +411,32 @@ class HostPipeline(Strategy):
         # most of the programs on its device.
         memory = {p.name: p.stats["memory"] for p in programs.parts}
         stage_of = {p.name: p.stage for p in programs.parts}
+        held_here = sorted(set(stage_of.values()))  # with a program per stage, this process's
         per_stage = [measure.max_memory([m for prog, m in memory.items() if stage_of[prog] == s])
-                     for s in range(self.S)]
-        # Activations are outputs here, not temporaries: a stage's forward returns the
-        # residuals its backward consumes later, one set per micro-batch in flight.
-        peaks = schedules.peak_in_flight(self.table)
-        held = [memory[f"train_fwd{s}@0"]["output_bytes"] * max(1, peaks[s]) + memory[f"bwd{s}@0"]["temp_bytes"]
-                for s in range(self.S - 1)]
+                     for s in held_here]
         return {**super().accounting(programs, state),
                 "param_bytes_per_device": max(self.stage_param_bytes()) * self.replicas,
                 "memory_per_stage": per_stage,
-                "activation_bytes_per_device": max([*held, memory["last@0"]["temp_bytes"]])}
+                "activation_bytes_per_device": self._activation_bytes(memory)}
+
+    def _activation_bytes(self, memory) -> int:
+        """The most activation memory a device holds: with one program per stage, its
+        temporaries (the residuals of every micro-batch in flight among them); walked from
+        the host, the residuals are outputs a stage's forward returns and its backward
+        consumes later, one set per micro-batch in flight."""
+        if self.rank_step is not None:
+            return max(m["temp_bytes"] for m in memory.values())
+        peaks = schedules.peak_in_flight(self.table)
+        held = [memory[f"train_fwd{s}@0"]["output_bytes"] * max(1, peaks[s]) + memory[f"bwd{s}@0"]["temp_bytes"]
+                for s in range(self.S - 1)]
+        return max([*held, memory["last@0"]["temp_bytes"]])
 
     def describe(self):
         return {**super().describe(), "stages": self.S, "stage_starts": list(self.starts),
                 "stage_layers": self.names, "implementation": self.implementation,
                 "stage_flops_per_example": self.plan.stage_costs(), **self.plan.describe(),
                 "stage_param_bytes": self.stage_param_bytes(),
-                "step_programs": "one per process, its messages inside (p2p)" if self.rank_step
+                "step_programs": "one per stage, its messages inside (p2p)" if self.rank_step
                 else f"per stage and slot, walked from the host ({self.not_one_program})",
                 "boundary_elements_per_example": self.boundaries,
                 "stage_transfer_bytes_per_step": self.transfer_bytes_per_step()}

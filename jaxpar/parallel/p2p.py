@@ -1,16 +1,17 @@
-"""Point-to-point messages between processes, sent and received by the compiled program itself.
+"""Point-to-point messages between programs, sent and received by the compiled programs themselves.
 
 A pipeline whose schedule is walked from the host dispatches some 40 programs and transfers a
 step. With one core per rank (single-threaded ranks) that host work and the transfer servers'
 threads took ~10 ms of each core a step beside the stages' 27 ms (CNN, 2 ranks, 1F1B:
-docs/studies.md), and the step stayed at 1.2x one rank. Here a process runs its stage's whole
-step as one program (`rank_step`), whose own thread writes each activation or gradient to a
-TCP socket and reads the next one: two XLA FFI custom calls (p2p.cc), as mpi4jax's are for
+docs/studies.md), and the step stayed at 1.2x one rank. Here each stage's whole step is one
+program (`rank_step`; a process's, or one of several a process runs at once on its devices),
+whose own thread writes each activation or gradient to a TCP socket and reads the next one: two XLA FFI custom calls (p2p.cc), as mpi4jax's are for
 MPI, without MPI. They are built by the C++ compiler the first time they are needed (a few
 seconds; cached under $JAXPAR_CACHE or ~/.cache/jaxpar, per source and jaxlib version);
 without a compiler `unavailable()` says why and pipelines keep the host walk (`transfers`).
 
     links = p2p.connect({s - 1, s + 1})                # every process at the same point
+    one, other = p2p.pair()                            # or two programs of one process
     done = links.send(x, peer)                         # inside jit: a zero, to order later work
     y = links.receive(spec, peer, after=order)         # the next message from `peer`
 
@@ -69,6 +70,10 @@ class Links:
     def __init__(self, sockets: dict[int, socket.socket]):
         self.sockets = sockets  # kept open while programs that name their descriptors live
 
+    def renamed(self, names: dict) -> Links:
+        """The same connections keyed by `names`' keys (name -> the peer it was keyed by)."""
+        return Links({name: self.sockets[peer] for name, peer in names.items()})
+
     def send(self, x: jax.Array, peer: int) -> jax.Array:
         """Inside jit: `x` to process `peer`; a float32 zero once sent (tie later work to it)."""
         fd = np.int64(self.sockets[peer].fileno())
@@ -109,6 +114,19 @@ def connect(peers) -> Links:
             (peer,) = struct.unpack("!i", index)
             sockets[peer] = s
     return Links(sockets)
+
+
+def pair() -> tuple[socket.socket, socket.socket]:
+    """Two connected ends within this process, for two programs on two of its devices that
+    run at once (a loopback TCP connection: its buffers hold a message, as between hosts)."""
+    _library()
+    with socket.create_server(("127.0.0.1", 0), backlog=1) as listener:
+        listener.settimeout(CONNECT_TIMEOUT_S)
+        one = socket.create_connection(listener.getsockname(), timeout=CONNECT_TIMEOUT_S)
+        other, _ = listener.accept()
+    for end in (one, other):
+        _for_custom_calls(end)
+    return one, other
 
 
 def _for_custom_calls(s: socket.socket) -> None:
