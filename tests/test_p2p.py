@@ -22,7 +22,11 @@ from jaxpar.parallel import p2p
 @pytest.fixture
 def pair():
     """Two connected TCP sockets on loopback, set up as `connect` sets up its links."""
-    a, b = p2p.pair()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        a = socket.create_connection(listener.getsockname())
+        b, _ = listener.accept()
+    for s in (a, b):
+        p2p._for_custom_calls(s)
     yield a, b
     a.close()
     b.close()
@@ -43,6 +47,33 @@ def test_a_sent_array_arrives_whole(pair, dtype):
         return into.receive(jax.ShapeDtypeStruct(x.shape, x.dtype), 0, after=done)
 
     np.testing.assert_array_equal(there_and_back(x), np.asarray(x) * 2)
+
+
+def test_programs_of_one_process_exchange_through_channels_without_waiting_to_send():
+    """Within a process (`pair`): a send returns before anything receives it (two queued,
+    then read in order), and a receive with nothing coming fails after the timeout."""
+    one, other = p2p.pair()
+    out, into = p2p.Links({1: one}), p2p.Links({0: other})
+    x = jnp.arange(3 * 50_000, dtype=jnp.float32).reshape(3, 50_000)
+    spec = jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+    @jax.jit
+    def send_twice_then_receive(x):
+        done = out.send(x, 1) + out.send(x * 2, 1)
+        first = into.receive(spec, 0, after=done)
+        return first, into.receive(spec, 0, after=first.ravel()[0] * 0 + done)
+
+    first, second = send_twice_then_receive(x)
+    np.testing.assert_array_equal(first, np.asarray(x))
+    np.testing.assert_array_equal(second, np.asarray(x) * 2)
+
+
+def test_a_channel_receive_with_nothing_coming_fails_with_a_message(monkeypatch):
+    monkeypatch.setattr(p2p, "TIMEOUT_S", 1)
+    into = p2p.Links({0: p2p.pair()[1]})
+    wait = jax.jit(lambda o: into.receive(jax.ShapeDtypeStruct((4,), jnp.float32), 0, after=o))
+    with pytest.raises(Exception, match="timed out"):
+        jax.block_until_ready(wait(jnp.zeros(())))
 
 
 def test_a_receive_with_nothing_coming_fails_with_a_message(pair):

@@ -53,7 +53,8 @@ def walk(table, s: int, S: int, run_slot: SlotFn, receive: Callable, send: Calla
         it (an activation for F, a gradient for B; None where nothing comes: F on the first
         stage, B on the last); returns what to send this row, by phase, and the new order.
       receive: (kind, sender, order) -> the array arriving from stage `sender` in that phase.
-      send: (kind, x, dest) -> a value that exists once x is sent (tied into the order).
+      send: (kind, x, dest, order) -> a value that exists once x is sent (tied into the
+        order; a transport without ordered effects sends after `order`).
     Returns the order after the last message.
     """
     inbox: dict[str, dict[int, Any]] = {"F": {}, "B": {}}
@@ -70,5 +71,37 @@ def walk(table, s: int, S: int, run_slot: SlotFn, receive: Callable, send: Calla
                 inbox[kind][row[sender][1]] = got
                 order = tie(order, got)
             if out.get(kind) is not None:
-                order = tie(order, send(kind, out[kind], s + step))
+                order = tie(order, send(kind, out[kind], s + step, order))
+    return order
+
+
+def walk_devices(table, d: int, run_slot: Callable, route: Callable, receive: Callable,
+                 send: Callable) -> jax.Array:
+    """Device d's column of `table` (slots (kind, m) or (kind, m, replica)) where a send never
+    waits for its receiver (in-process channels): each row runs d's slot, sends what it made,
+    then receives what the row's other slots send to d. A row's messages are read only by
+    later rows, so once every device has done the rows before it, each does this row: no
+    deadlock, whatever way each message goes (GEMS's two replicas flow opposite ways). Each
+    pair's messages arrive in the order sent, and every device reads them off the same table.
+
+    Args:
+      run_slot: (slot, arrived, order) -> ({"F": x} or {"B": x} or {}, order), as `walk`'s.
+      route: (device, slot) -> the device that slot's message goes to (None: it sends none).
+      receive: (sender, slot, order) -> the array arriving here from that slot.
+      send: (x, dest, order) -> a value that exists once x is sent (after `order`).
+    Returns the order after the last message.
+    """
+    inbox: dict[tuple[str, int], Any] = {}
+    order = jnp.zeros((), jnp.float32)
+    for row in table:
+        if row[d] is not None:
+            kind, m = row[d][0], row[d][1]
+            out, order = run_slot(row[d], inbox.pop((kind, m), None), order)
+            if out.get(kind) is not None:
+                order = tie(order, send(out[kind], route(d, row[d]), order))
+        for sender, slot in enumerate(row):
+            if sender != d and slot is not None and route(sender, slot) == d:
+                got = receive(sender, slot, order)
+                inbox[slot[0], slot[1]] = got  # for this device's slot of the same kind and m
+                order = tie(order, got)
     return order

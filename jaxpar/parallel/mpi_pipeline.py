@@ -204,7 +204,7 @@ class MpiPipeline(mpi_common.OnePerRank):
 
         column.walk(self.table, s, S, run_slot,
                     lambda kind, sender, order: self._receive(arrives[kind], sender, order),
-                    lambda kind, x, dest: self._send(x, dest))
+                    lambda kind, x, dest, order: self._send(x, dest))  # ordered effects
         return total["grads"], total["sums"]
 
     def _forward_slot(self, params, f, x, kept, m):

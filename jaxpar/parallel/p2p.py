@@ -5,19 +5,21 @@ step. With one core per rank (single-threaded ranks) that host work and the tran
 threads took ~10 ms of each core a step beside the stages' 27 ms (CNN, 2 ranks, 1F1B:
 docs/studies.md), and the step stayed at 1.2x one rank. Here each stage's whole step is one
 program (`rank_step`; a process's, or one of several a process runs at once on its devices),
-whose own thread writes each activation or gradient to a TCP socket and reads the next one: two XLA FFI custom calls (p2p.cc), as mpi4jax's are for
+whose own thread writes each activation or gradient to a TCP socket (within a process, an
+in-memory channel) and reads the next one: two XLA FFI custom calls (p2p.cc), as mpi4jax's are for
 MPI, without MPI. They are built by the C++ compiler the first time they are needed (a few
 seconds; cached under $JAXPAR_CACHE or ~/.cache/jaxpar, per source and jaxlib version);
 without a compiler `unavailable()` says why and pipelines keep the host walk (`transfers`).
 
     links = p2p.connect({s - 1, s + 1})                # every process at the same point
-    one, other = p2p.pair()                            # or two programs of one process
-    done = links.send(x, peer)                         # inside jit: a zero, to order later work
+    one, other = p2p.pair()                            # or two programs of one process:
+    links = p2p.Links({1: one})                        #   in-memory channels
+    done = links.send(x, peer, after=order)            # inside jit: a zero, to order later work
     y = links.receive(spec, peer, after=order)         # the next message from `peer`
 
 Every wait is bounded: connecting by `CONNECT_TIMEOUT_S`, each send and receive by the
-sockets' `TIMEOUT_S` (SO_SNDTIMEO / SO_RCVTIMEO), after which the program fails with a message
-naming the peer's silence. A rank that dies is normally ended sooner by jax.distributed's
+sockets' `TIMEOUT_S` (SO_SNDTIMEO / SO_RCVTIMEO), a channel's receive by the same, after which
+the program fails with a message naming the peer's silence. A rank that dies is normally ended sooner by jax.distributed's
 heartbeat and the launcher.
 """
 
@@ -41,6 +43,7 @@ TIMEOUT_S = 300  # one send or receive; a step's message waits at most one stage
 CONNECT_TIMEOUT_S = 60
 BUFFER_BYTES = 4 << 20  # socket buffers: a micro-batch's activation fits (kernel caps apply)
 _SEND, _RECV = "jaxpar_p2p_send", "jaxpar_p2p_recv"
+_CHAN_SEND, _CHAN_RECV = "jaxpar_chan_send", "jaxpar_chan_recv"
 
 
 Unavailable = native.Unavailable  # the custom calls cannot be built or loaded here
@@ -60,31 +63,63 @@ def unavailable() -> str | None:
 @functools.lru_cache(maxsize=None)
 def _library() -> ctypes.CDLL:
     """The built custom calls, loaded and registered with XLA:CPU (once per process)."""
-    return native.register(native.build(SOURCE), {_SEND: "JaxparSend", _RECV: "JaxparRecv"})
+    lib = native.register(native.build(SOURCE), {_SEND: "JaxparSend", _RECV: "JaxparRecv",
+                                                 _CHAN_SEND: "JaxparChanSend", _CHAN_RECV: "JaxparChanRecv"})
+    lib.JaxparChannelOpen.restype = ctypes.c_int64
+    lib.JaxparChannelClose.argtypes = [ctypes.c_int64]
+    return lib
+
+
+class Channel:
+    """One direction of a link between two programs of this process: a queue in p2p.cc (a
+    send copies its message in and returns; a receive waits for the next), closed when the
+    last holder lets it go."""
+
+    def __init__(self):
+        self._lib = _library()
+        self.id = self._lib.JaxparChannelOpen()
+
+    def __del__(self):
+        self._lib.JaxparChannelClose(self.id)
+
+
+class Ends:
+    """One end of an in-process link: the channel it sends on and the one it receives on."""
+
+    def __init__(self, out: Channel, into: Channel):
+        self.out, self.into = out, into
 
 
 class Links:
-    """Open connections to some peer processes, used inside jitted functions (closed with
-    the sockets, when the strategy holding them goes)."""
+    """Open links to some peers (a socket to another process, or an in-process `Ends`), used
+    inside jitted functions (closed with them, when the strategy holding them goes)."""
 
-    def __init__(self, sockets: dict[int, socket.socket]):
+    def __init__(self, sockets: dict[int, socket.socket | Ends]):
         self.sockets = sockets  # kept open while programs that name their descriptors live
 
     def renamed(self, names: dict) -> Links:
         """The same connections keyed by `names`' keys (name -> the peer it was keyed by)."""
         return Links({name: self.sockets[peer] for name, peer in names.items()})
 
-    def send(self, x: jax.Array, peer: int) -> jax.Array:
-        """Inside jit: `x` to process `peer`; a float32 zero once sent (tie later work to it)."""
-        fd = np.int64(self.sockets[peer].fileno())
-        return jax.ffi.ffi_call(_SEND, jax.ShapeDtypeStruct((), jnp.float32), has_side_effect=True)(x, fd=fd)
+    def send(self, x: jax.Array, peer: int, after: jax.Array | None = None) -> jax.Array:
+        """Inside jit: `x` to `peer`, once `after` is computed (sends in a program go in the
+        order their `after`s chain them); a float32 zero once sent (tie later work to it)."""
+        done = jax.ShapeDtypeStruct((), jnp.float32)
+        after = jnp.zeros((), jnp.float32) if after is None else after
+        end = self.sockets[peer]
+        if isinstance(end, Ends):
+            return jax.ffi.ffi_call(_CHAN_SEND, done, has_side_effect=True)(
+                x, after, channel=np.int64(end.out.id))
+        return jax.ffi.ffi_call(_SEND, done, has_side_effect=True)(x, after, fd=np.int64(end.fileno()))
 
     def receive(self, spec, peer: int, after: jax.Array) -> jax.Array:
         """Inside jit: the next message from process `peer`, of `spec`'s shape and dtype,
         read once `after` is computed."""
-        fd = np.int64(self.sockets[peer].fileno())
-        out = jax.ShapeDtypeStruct(spec.shape, spec.dtype)
-        return jax.ffi.ffi_call(_RECV, out, has_side_effect=True)(after, fd=fd)
+        out, end = jax.ShapeDtypeStruct(spec.shape, spec.dtype), self.sockets[peer]
+        if isinstance(end, Ends):
+            return jax.ffi.ffi_call(_CHAN_RECV, out, has_side_effect=True)(
+                after, channel=np.int64(end.into.id), timeout_s=np.int64(TIMEOUT_S))
+        return jax.ffi.ffi_call(_RECV, out, has_side_effect=True)(after, fd=np.int64(end.fileno()))
 
 
 def connect(peers) -> Links:
@@ -116,17 +151,11 @@ def connect(peers) -> Links:
     return Links(sockets)
 
 
-def pair() -> tuple[socket.socket, socket.socket]:
-    """Two connected ends within this process, for two programs on two of its devices that
-    run at once (a loopback TCP connection: its buffers hold a message, as between hosts)."""
-    _library()
-    with socket.create_server(("127.0.0.1", 0), backlog=1) as listener:
-        listener.settimeout(CONNECT_TIMEOUT_S)
-        one = socket.create_connection(listener.getsockname(), timeout=CONNECT_TIMEOUT_S)
-        other, _ = listener.accept()
-    for end in (one, other):
-        _for_custom_calls(end)
-    return one, other
+def pair() -> tuple[Ends, Ends]:
+    """The two ends of a link between two programs of this process (on two of its devices,
+    running at once): a channel each way, so a send never waits for its receiver."""
+    there, back = Channel(), Channel()
+    return Ends(there, back), Ends(back, there)
 
 
 def _for_custom_calls(s: socket.socket) -> None:
