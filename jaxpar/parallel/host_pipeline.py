@@ -25,7 +25,8 @@ and backward ~20x slower inside `lax.switch`; jax-ml/jax#12868), which the singl
 each micro-batch's forward and backward together, at its forward's slot. Where every stage
 has a device of its own (within a process, or one stage per process), `step` is one program
 per stage instead (`rank_step`: the same stage functions, the messages sent inside the
-programs); the walk remains for GEMS, several devices per stage, `gradients` and timelines.
+programs; GEMS too, a program per device holding its two copies); the walk remains for
+several devices per stage (`hybrid`), `gradients` and timelines.
 
 With replicas (GEMS), stage s of replica r lives on device `schedules.device_of(s, r, S)`;
 after the schedule each stage's two gradient copies are exchanged and summed, so both copies
