@@ -204,7 +204,7 @@ def layer_split(p: Problem) -> Work:
              for r in _stage_layers(p, s)[:-1]]
     state = max(sum(c.layers[i].param_bytes for i in r) for r in _stage_layers(p, s)) * 3
     return Work(tuple(parts), tuple(sends), state, c.temp_bytes(p.batch) / s, serial=True,
-                programs=_programs(s, 1, s))
+                programs=_programs(s, 1, s, one_each=True))
 
 
 def _sends(p: Problem, ranges: list[range], rows: float, op: str) -> list[Collective]:
@@ -221,11 +221,13 @@ def _sends(p: Problem, ranges: list[range], rows: float, op: str) -> list[Collec
     return [Collective(op, boundary, s, 2 * (m + s - 1))]
 
 
-def _programs(stages: int, microbatches: int, updates: int) -> int:
-    """Programs the host dispatches per step when each stage is a program of its own: every
-    micro-batch a forward and a backward on each stage but the last, which runs both in one;
+def _programs(stages: int, microbatches: int, updates: int, one_each: bool) -> int:
+    """Programs the host dispatches per step when each stage has programs of its own: with a
+    device per stage, one per device (`rank_step`, the device's column written out in it);
+    with a stage over several devices (hybrid) the table walked slot by slot, every
+    micro-batch a forward and a backward on each stage but the last, which runs both in one,
     then each stage copy's update."""
-    return microbatches * (2 * stages - 1) + updates
+    return stages if one_each else microbatches * (2 * stages - 1) + updates
 
 
 def _finer(p: Problem) -> Problem:
@@ -280,7 +282,7 @@ def pipeline(p: Problem, op: str = "collective-permute") -> Work:
         ops.append(Collective("all-reduce", max(stage_params) + SUMS, d))
     in_flight = m if p.schedule == "gpipe" else min(m, s)
     act = max(sum(c.layers[i].out_bytes_per_example for i in r) for r in ranges) * b * in_flight * 2
-    programs = d * _programs(s, m, s) if p.implementation == "mpmd" else 0
+    programs = d * _programs(s, m, s, one_each=d == t == 1) if p.implementation == "mpmd" else 0
     return Work(updates, tuple(ops), max(stage_params) * 3, act, stage_s=tuple(stage_s), microbatches=m,
                 programs=programs)
 
@@ -304,4 +306,4 @@ def gems(p: Problem) -> Work:
     state = (max(params[d] + params[s - 1 - d] for d in range(s)) * 3 if p.implementation == "mpmd"
              else 2 * work.state_bytes)
     return dataclasses.replace(work, device_s=both, collectives=work.collectives + swaps, state_bytes=state,
-                               programs=work.programs + (s + len(swaps) if work.programs else 0))
+                               programs=work.programs)  # one per device, the swaps inside

@@ -272,16 +272,19 @@ def test_gems_updates_both_copies_and_swaps_every_stages_gradient():
     assert sum(c.bytes * c.count for c in swaps) == pytest.approx(2 * compute.param_bytes)
 
 
-def test_the_host_pays_a_dispatch_for_every_stage_program_it_drives():
+@pytest.mark.parametrize("axes,impl,programs", [
+    ({"stage": 4}, "mpmd", 4),                                        # one program per device
+    ({"tensor": 2, "stage": 4}, "mpmd", 8 * (2 * 4 - 1) + 4),         # walked slot by slot
+    ({"stage": 4}, "spmd", 0)])
+def test_the_host_pays_a_dispatch_for_every_stage_program_it_drives(axes, impl, programs):
     compute = predictlib.compute_source(PROFILE)("cnn")
     machine = cost.simulated({**PROFILE, "dispatch_us": 50.0}, lambda k, t: compute)
     without = cost.simulated({**PROFILE, "dispatch_us": 0.0}, lambda k, t: compute)
-    for impl, programs in (("mpmd", 8 * (2 * 4 - 1) + 4), ("spmd", 0)):
-        work = STRATEGIES["pipeline"].cost(Problem(compute, {"stage": 4}, 128, microbatches=8,
-                                                   model={"model": "cnn"}, implementation=impl))
-        assert work.programs == programs
-        extra = cost.predict(work, machine, 128, 4).compute_s - cost.predict(work, without, 128, 4).compute_s
-        assert extra == pytest.approx(programs * 50e-6)
+    work = STRATEGIES["pipeline"].cost(Problem(compute, axes, 128, microbatches=8,
+                                               model={"model": "cnn"}, implementation=impl))
+    assert work.programs == programs
+    extra = cost.predict(work, machine, 128, 4).compute_s - cost.predict(work, without, 128, 4).compute_s
+    assert extra == pytest.approx(programs * 50e-6)
 
 
 H100 = cost.load_profile(DATA / "cost-h100" / "profile.json")  # measured on a lent H100 node
