@@ -225,5 +225,5 @@ def test_hundreds_of_steps_with_a_program_per_stage_do_not_hang():
                     model="stack-mlp", width=16, depth=8, batch_size=32, steps=300,
                     synthetic_size=2000, val_size=100, epochs=1, pipeline_impl="mpmd", lr=0.01)
     out = fit(cfg)
-    assert out.strategy.describe()["step_programs"].startswith("one per stage")
+    assert out.strategy.describe()["step_programs"].startswith("one per device")
     assert out.result.metrics["steps"] == 300 and np.isfinite(out.result.metrics["final_loss"])

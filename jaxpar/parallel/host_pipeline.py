@@ -135,7 +135,7 @@ class HostPipeline(Strategy):
         self.stamps, self._stamped_jits = host_timeline.Stamps(), {}  # `timeline` only
         self._shapes_elsewhere: dict = {}  # (program, device id) -> its outputs' shapes
         self._build_programs()
-        # A device per stage: the step as one program per stage (`rank_step`)
+        # A device per stage: the step as one program per device (`rank_step`)
         self.not_one_program = RankStep.reason_not(self)
         self.rank_step = RankStep(self) if self.not_one_program is None else None
         return self.state_from_reference(steplib.init_state(ref_params, ref_state, tx))
@@ -437,7 +437,7 @@ class HostPipeline(Strategy):
                 "stage_layers": self.names, "implementation": self.implementation,
                 "stage_flops_per_example": self.plan.stage_costs(), **self.plan.describe(),
                 "stage_param_bytes": self.stage_param_bytes(),
-                "step_programs": "one per stage, its messages inside (p2p)" if self.rank_step
+                "step_programs": "one per device, its messages inside (p2p)" if self.rank_step
                 else f"per stage and slot, walked from the host ({self.not_one_program})",
                 "boundary_elements_per_example": self.boundaries,
                 "stage_transfer_bytes_per_step": self.transfer_bytes_per_step()}

@@ -43,7 +43,7 @@ def test_a_process_holding_one_stage_runs_its_step_as_one_program(stack_config, 
     t = eq.run(stack_config(strategy=strategy), steps=1)
     one_each = jax.local_device_count() == 1
     assert (t.strategy.rank_step is not None) == one_each
-    assert t.strategy.describe()["step_programs"].startswith("one per stage" if one_each else "per stage")
+    assert t.strategy.describe()["step_programs"].startswith("one per device" if one_each else "per stage")
     assert sum(n for name, n in t.strategy.trace_counts.items() if name.startswith("rank_step")) == one_each
 
 
