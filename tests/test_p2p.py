@@ -9,6 +9,7 @@ processes they run under mpiexec (tests/mpi/test_model_parallel.py: `pipeline` a
 
 import socket
 import struct
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -74,6 +75,51 @@ def test_a_channel_receive_with_nothing_coming_fails_with_a_message(monkeypatch)
     wait = jax.jit(lambda o: into.receive(jax.ShapeDtypeStruct((4,), jnp.float32), 0, after=o))
     with pytest.raises(Exception, match="timed out"):
         jax.block_until_ready(wait(jnp.zeros(())))
+
+
+def test_receives_waiting_before_their_sends_get_their_messages(monkeypatch):
+    """A receive that finds no message waits as a future, holding no thread (XLA:CPU runs all
+    simulated devices' programs on one pool of as many threads as cores); the send completes
+    it. Here the programs of devices 1..7 wait before the one that sends to them all starts
+    on device 0, and each gets its own message."""
+    monkeypatch.setattr(p2p, "TIMEOUT_S", 20)
+    devices = jax.devices()
+    if len(devices) < 4:
+        pytest.skip("needs 4 simulated devices")
+    ends = [p2p.pair() for _ in devices[1:]]
+    spec = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+    waiting = []
+    for d, (_, theirs) in enumerate(ends, start=1):
+        into = p2p.Links({0: theirs})
+        # Beside independent work, so XLA runs one of the two on a thread of its pool.
+        receive = jax.jit(lambda a, into=into: (into.receive(spec, 0, after=a[0, 0]) + 1.0, a @ a))
+        waiting.append(receive(jax.device_put(jnp.zeros((256, 256)), devices[d]))[0])
+    out = p2p.Links({d: ours for d, (ours, _) in enumerate(ends, start=1)})
+
+    @jax.jit
+    def send_to_all(x):
+        done = jnp.zeros(())
+        for d in range(1, len(devices)):
+            done = out.send(x * d, d, after=done)
+        return done
+
+    x = jax.device_put(jnp.ones((64, 64)), devices[0])
+    jax.block_until_ready(send_to_all(x))
+    for d, got in enumerate(waiting, start=1):
+        np.testing.assert_array_equal(got, np.full((64, 64), d + 1.0))
+
+
+def test_a_receive_waiting_on_a_channel_closed_under_it_fails_with_a_message(monkeypatch):
+    monkeypatch.setattr(p2p, "TIMEOUT_S", 60)
+    ends = p2p.pair()[1]
+    into = p2p.Links({0: ends})
+    wait = jax.jit(lambda o: into.receive(jax.ShapeDtypeStruct((4,), jnp.float32), 0, after=o))
+    # Closed from another thread: a program this small runs on the calling thread.
+    closing = threading.Timer(0.5, ends.into._lib.JaxparChannelClose, [ends.into.id])
+    closing.start()
+    with pytest.raises(Exception, match="closed while it waited"):
+        jax.block_until_ready(wait(jnp.zeros(())))
+    closing.join()
 
 
 def test_a_receive_with_nothing_coming_fails_with_a_message(pair):

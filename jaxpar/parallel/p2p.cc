@@ -2,10 +2,10 @@
 // calls; jaxpar/parallel/p2p.py builds, registers and calls them): over a connected socket
 // between processes (blocking, SO_SNDTIMEO / SO_RCVTIMEO set, so no call waits forever), or
 // through an in-memory channel between two programs of one process (a send copies the message
-// into the channel's queue and returns at once; a receive waits, at most timeout_s seconds).
+// and returns at once; a receive returns a future the send completes, failed after timeout_s
+// seconds, so no thread blocks on it).
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -14,6 +14,7 @@
 #include <string>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <thread>
 #include <vector>
 #include "xla/ffi/api/ffi.h"
 
@@ -65,25 +66,78 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxparSend, Send,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxparRecv, Recv,
     ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attr<int64_t>("fd"));
 
-// In-process channels: id -> queue of messages (the Python side opens and closes them).
+// In-process channels: id -> messages sent and not yet received, or receives waiting for a
+// message. A receive that finds no message does not block its thread: it returns a future
+// that the matching send completes. XLA:CPU runs every simulated device's programs on one
+// intra-op pool of as many threads as cores, so a receive blocking a pool thread would leave
+// the other devices' programs fewer cores (measured: 1F1B's last stage, waiting most of the
+// step, held one of 2 threads while stage 0 computed).
+struct Waiting {
+  void* out;
+  size_t bytes;
+  ffi::Promise done;
+  std::chrono::steady_clock::time_point deadline;
+};
 struct Channel {
   std::mutex mu;
-  std::condition_variable arrived;
   std::deque<std::vector<char>> messages;
+  std::deque<Waiting> receivers;
 };
-static std::mutex channels_mu;
-static std::map<int64_t, std::shared_ptr<Channel>> channels;
+// Never destroyed: the deadline thread may still look at them while the process exits.
+static std::mutex& channels_mu = *new std::mutex;
+static std::map<int64_t, std::shared_ptr<Channel>>& channels = *new std::map<int64_t, std::shared_ptr<Channel>>;
 static int64_t next_channel = 1;
 
+static ffi::Error SizeError(size_t got, size_t expected) {
+  return ffi::Error::Internal("jaxpar p2p: a message of " + std::to_string(got) + " bytes where " +
+                              std::to_string(expected) + " were expected");
+}
+
+// Fails every waiting receive past its deadline (or every one, on a closed channel): no
+// program waits forever on a sender that stopped.
+static void FailWaiting(Channel& c, bool all, const char* why) {
+  std::vector<Waiting> failed;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto now = std::chrono::steady_clock::now();
+    for (auto it = c.receivers.begin(); it != c.receivers.end();) {
+      if (all || it->deadline <= now) { failed.push_back(std::move(*it)); it = c.receivers.erase(it); }
+      else ++it;
+    }
+  }
+  for (auto& w : failed) w.done.SetError(ffi::Error::Internal(why));
+}
+
+static void WatchDeadlines() {
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    std::vector<std::shared_ptr<Channel>> open;
+    {
+      std::lock_guard<std::mutex> lock(channels_mu);
+      for (auto& [id, c] : channels) open.push_back(c);
+    }
+    for (auto& c : open) FailWaiting(*c, false, "jaxpar p2p: a receive timed out (the sending program stopped?)");
+  }
+}
+
 extern "C" int64_t JaxparChannelOpen() {
+  static std::once_flag watching;
+  std::call_once(watching, [] { std::thread(WatchDeadlines).detach(); });
   std::lock_guard<std::mutex> lock(channels_mu);
   channels[next_channel] = std::make_shared<Channel>();
   return next_channel++;
 }
 
 extern "C" void JaxparChannelClose(int64_t id) {
-  std::lock_guard<std::mutex> lock(channels_mu);
-  channels.erase(id);
+  std::shared_ptr<Channel> c;
+  {
+    std::lock_guard<std::mutex> lock(channels_mu);
+    auto it = channels.find(id);
+    if (it == channels.end()) return;
+    c = it->second;
+    channels.erase(it);
+  }
+  FailWaiting(*c, true, "jaxpar p2p: a receive on a channel closed while it waited");
 }
 
 static std::shared_ptr<Channel> Find(int64_t id) {
@@ -92,40 +146,63 @@ static std::shared_ptr<Channel> Find(int64_t id) {
   return it == channels.end() ? nullptr : it->second;
 }
 
-static ffi::Error ChanSend(ffi::AnyBuffer x, ffi::AnyBuffer order, ffi::Result<ffi::BufferR0<ffi::F32>> done,
-                           int64_t channel) {
+// ChanSend(x, order) -> 0.0f: x's bytes straight into a waiting receive's result (completed
+// on the pool, so the receiving program goes on there, not on this program's thread), else
+// into the channel's queue. Returns at once either way.
+static ffi::Error ChanSend(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer order,
+                           ffi::Result<ffi::BufferR0<ffi::F32>> done, int64_t channel) {
   auto c = Find(channel);
   if (!c) return ffi::Error::Internal("jaxpar p2p: a send on a closed channel");
   const char* p = static_cast<const char*>(x.untyped_data());
-  std::vector<char> message(p, p + x.size_bytes());
-  {
-    std::lock_guard<std::mutex> lock(c->mu);
-    c->messages.push_back(std::move(message));
-  }
-  c->arrived.notify_one();
   *done->typed_data() = 0.0f;
+  std::unique_lock<std::mutex> lock(c->mu);
+  if (c->receivers.empty()) {
+    c->messages.emplace_back(p, p + x.size_bytes());
+    return ffi::Error::Success();
+  }
+  Waiting w = std::move(c->receivers.front());
+  c->receivers.pop_front();
+  lock.unlock();
+  if (w.bytes != x.size_bytes()) {
+    w.done.SetError(SizeError(x.size_bytes(), w.bytes));
+  } else {
+    std::memcpy(w.out, p, w.bytes);
+    pool.Schedule([done = std::move(w.done)]() mutable { done.SetAvailable(); });
+  }
   return ffi::Error::Success();
 }
 
-static ffi::Error ChanRecv(ffi::AnyBuffer order, ffi::Result<ffi::AnyBuffer> out, int64_t channel,
-                           int64_t timeout_s) {
+// ChanRecv(order) -> the channel's next message; a future completed by the send that
+// delivers it, or failed after timeout_s seconds.
+static ffi::Future ChanRecv(ffi::AnyBuffer order, ffi::Result<ffi::AnyBuffer> out, int64_t channel,
+                            int64_t timeout_s) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
   auto c = Find(channel);
-  if (!c) return ffi::Error::Internal("jaxpar p2p: a receive on a closed channel");
+  if (!c) {
+    promise.SetError(ffi::Error::Internal("jaxpar p2p: a receive on a closed channel"));
+    return future;
+  }
   std::unique_lock<std::mutex> lock(c->mu);
-  if (!c->arrived.wait_for(lock, std::chrono::seconds(timeout_s), [&] { return !c->messages.empty(); }))
-    return ffi::Error::Internal("jaxpar p2p: a receive timed out (the sending program stopped?)");
+  if (c->messages.empty()) {
+    c->receivers.push_back({out->untyped_data(), out->size_bytes(), std::move(promise),
+                            std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s)});
+    return future;
+  }
   std::vector<char> message = std::move(c->messages.front());
   c->messages.pop_front();
   lock.unlock();
-  if (message.size() != out->size_bytes())
-    return ffi::Error::Internal("jaxpar p2p: a message of " + std::to_string(message.size()) +
-                                " bytes where " + std::to_string(out->size_bytes()) + " were expected");
-  std::memcpy(out->untyped_data(), message.data(), message.size());
-  return ffi::Error::Success();
+  if (message.size() != out->size_bytes()) {
+    promise.SetError(SizeError(message.size(), out->size_bytes()));
+  } else {
+    std::memcpy(out->untyped_data(), message.data(), message.size());
+    promise.SetAvailable();
+  }
+  return future;
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxparChanSend, ChanSend,
-    ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::BufferR0<ffi::F32>>().Attr<int64_t>("channel"));
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::BufferR0<ffi::F32>>().Attr<int64_t>("channel"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxparChanRecv, ChanRecv,
     ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attr<int64_t>("channel")
         .Attr<int64_t>("timeout_s"));

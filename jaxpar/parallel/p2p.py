@@ -72,7 +72,8 @@ def _library() -> ctypes.CDLL:
 
 class Channel:
     """One direction of a link between two programs of this process: a queue in p2p.cc (a
-    send copies its message in and returns; a receive waits for the next), closed when the
+    send copies its message in and returns; a receive gets the next, or waits for it as a
+    future that the send completes, so it holds none of XLA's threads), closed when the
     last holder lets it go."""
 
     def __init__(self):
