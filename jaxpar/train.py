@@ -64,8 +64,7 @@ def make_strategy(config: TrainConfig):
 def build_model(config: TrainConfig):
     """The model `config` describes, its parameters seeded by `config.seed`, for the images
     and classes of its dataset."""
-    model = STRATEGIES[config.parallel.strategy].model_config(config.model)
-    return models.from_config(model, config.seed, datalib.spec(config.data))
+    return models.from_config(config.model, config.seed, datalib.spec(config.data))
 
 
 def evaluate(strategy, state, split, batch_size: int) -> dict[str, float]:

@@ -17,10 +17,9 @@ import pytest
 from flax import nnx
 
 from jaxpar import distributed, mesh, train
-from jaxpar.config import TrainConfig, with_options
 from jaxpar.errors import ConfigError
 from jaxpar.models import cnn, layers, make_model, onednn, resnet
-from jaxpar.parallel import STRATEGIES, dp_common
+from jaxpar.parallel import dp_common
 
 
 @pytest.fixture
@@ -96,19 +95,6 @@ def test_layer_forms_follow_the_backend(monkeypatch, backend, impl):
     assert model.conv1.conv_general_dilated is layers.CONV[impl]
     net = resnet.ResNet(rngs=nnx.Rngs(0))
     assert net.stem_conv.conv_general_dilated is layers.CONV[impl]
-
-
-@pytest.mark.parametrize("backend, strategy, impl", [
-    ("cpu", "tensor-auto", "cpu"),  # XLA's partitioner splits its convolutions by channels
-    ("cpu", "tensor", None),        # None: the backend's choice
-    ("gpu", "tensor-auto", None)])
-def test_a_strategy_may_choose_what_auto_builds_on_the_cpu(monkeypatch, backend, strategy, impl):
-    fake_backend(monkeypatch, backend)
-    config = with_options(TrainConfig(), model="cnn", strategy=strategy, dataset="synthetic")
-    built = train.build_model(config).conv1.conv_general_dilated
-    assert built is layers.CONV[impl or layers.resolve("auto")]
-    asked = with_options(config, conv_impl="xla").model
-    assert STRATEGIES[strategy].model_config(asked).conv_impl == "xla"  # asked for: kept
 
 
 def test_onednn_is_refused_off_the_cpu(monkeypatch):

@@ -1,6 +1,6 @@
 """oneDNN's convolutions (`--conv-impl onednn`) equal lax's: forward, input and kernel gradient,
 at every geometry the models use and a few they do not, under vmap, shard_map and a jit that
-XLA partitions; and where oneDNN is missing, "auto" keeps the "cpu" forms and says why.
+XLA partitions (by the batch, by channels); and where oneDNN is missing, "auto" keeps the "cpu" forms and says why.
 
     python -m pytest -q tests/test_onednn.py
 """
@@ -89,6 +89,31 @@ def test_a_batch_split_by_xla_stays_split():
     text = grads.lower(x, w).compile().as_text()
     assert "all-gather" not in text
     assert text.count("all-reduce(") >= 1  # the kernel gradient's sum
+
+
+@requires_devices(2)
+@pytest.mark.parametrize("split", ["output", "input"])
+def test_a_channel_split_by_xla_stays_split(split):
+    """A kernel sharded by output channels (tensor-auto's first layer of a pair) or by input
+    channels (the second) is convolved where it lies: no kernel or image is gathered, and
+    the partial sums of the input-channel split (its forward, and the output split's input
+    gradient) are summed across the devices."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("tensor",))  # Auto axes, as tensor-auto's
+    kernel_spec = P(None, None, None, "tensor") if split == "output" else P(None, None, "tensor")
+    image_spec = P() if split == "output" else P(None, None, None, "tensor")
+    x = jax.device_put(normal(8, 14, 14, 8, seed=6), NamedSharding(mesh, image_spec))
+    w = jax.device_put(normal(3, 3, 8, 16, seed=7) / np.sqrt(72), NamedSharding(mesh, kernel_spec))
+
+    def loss(conv):
+        return lambda x, w: jnp.sum(jnp.tanh(conv(x, w, (1, 1), "SAME", dimension_numbers=NHWC)))
+    grads = jax.jit(jax.grad(loss(layers.onednn_conv), (0, 1)), out_shardings=(
+        NamedSharding(mesh, image_spec), NamedSharding(mesh, kernel_spec)))
+    got = grads(x, w)
+    assert_close(got, jax.jit(jax.grad(loss(lax.conv_general_dilated), (0, 1)))(x, w))
+    assert got[1].sharding.spec == kernel_spec
+    text = grads.lower(x, w).compile().as_text()
+    assert "all-gather" not in text
+    assert text.count("all-reduce(") >= 1
 
 
 def test_unavailable_keeps_the_cpu_forms_and_says_how_to_install(monkeypatch):

@@ -24,9 +24,10 @@ x86-64); the custom calls are built by the C++ compiler on first use (jaxpar/nat
 seconds). Where either is missing, `unavailable()` says why and "auto" keeps the "cpu" forms.
 
 Every strategy runs them: inside shard_map and pmap each device calls them on its own share;
-a jit that XLA partitions (dp-auto, fsdp, tensor-auto, ...) splits each call by the batch
-(custom_partitioning: images stay sharded, the kernel gradient is summed over devices); vmap
-folds a batched input into the batch or writes one call per element out.
+a jit that XLA partitions (dp-auto, fsdp, tensor-auto, ...) splits each call as its operands
+are split, by the batch and by channels (custom_partitioning: partial results summed over
+the devices that hold them); vmap folds a batched input into the batch or writes one call
+per element out.
 """
 
 from __future__ import annotations
@@ -120,36 +121,75 @@ def _result_shape(target, size, strides, pads, a, b):
     return (*size, a.shape[3], b.shape[3])
 
 
+_SPATIAL = frozenset("hwpqij")  # image and kernel window factors: never split
+
+
+def _mesh_axes(entry) -> tuple[str, ...]:
+    """A PartitionSpec entry's mesh axes (None, one name, or a tuple of names)."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _split_plan(rule: str, specs) -> tuple[list[tuple], tuple, tuple[str, ...]]:
+    """How the call runs split: for each operand and the result, the mesh axes of each of its
+    dimensions, and the mesh axes to sum the local results over.
+
+    `rule` names each dimension's factor ("b h w c, i j c o -> b p q o"); `specs` are the
+    operands' PartitionSpecs as XLA proposes them. The batch keeps its axes, then the channel
+    factors the result keeps (the forward's output channels, a gradient's channels), then the
+    one summed over (the forward's input channels, the input gradient's output channels, the
+    kernel gradient's batch), each taking its axes from the first operand split along it,
+    unless another factor already took them; window factors are never split. A summed factor
+    that is split leaves partial results, summed over its axes (a kernel gradient split by the
+    batch, a forward split by input channels)."""
+    inputs, result = rule.split("->")
+    operands = [f.split() for f in inputs.split(",")]
+    result = result.split()
+    kept = [f for f in result if f not in _SPATIAL]
+    summed = [f for op in operands for f in op if f not in _SPATIAL and f not in result]
+    order = (["b"] if "b" in kept + summed else []) + [f for f in kept + summed if f != "b"]
+    chosen, taken = {}, set()
+    for factor in dict.fromkeys(order):
+        for op, spec in zip(operands, specs):
+            i = op.index(factor) if factor in op else len(op)
+            entry = spec[i] if spec is not None and i < len(spec) else None  # specs may be short
+            if entry is not None and not taken & set(_mesh_axes(entry)):
+                chosen[factor] = entry
+                taken |= set(_mesh_axes(entry))
+                break
+    args = [tuple(chosen.get(f) for f in op) for op in operands]
+    sums = tuple(a for f in dict.fromkeys(summed) if f in chosen for a in _mesh_axes(chosen[f]))
+    return args, tuple(chosen.get(f) for f in result), sums
+
+
 def _partitioned(target: str, rule: str):
-    """The call as XLA's SPMD partitioner may split it (jit over a mesh: dp-auto, fsdp, hybrid,
-    ...): each device runs it on its share of the batch (the batch axis of the image operands
-    keeps its sharding, all else is gathered: kernels are small) and the kernel gradient sums
-    the devices' parts. Inside shard_map, or on one device, it is the plain call."""
-    sums = target == _KERNEL_GRAD
-    kernel_operand = None if sums else 1
+    """The call as XLA's SPMD partitioner may split it (jit over a mesh: dp-auto, fsdp,
+    tensor-auto, hybrid, ...): each device runs it on its shares, as `_split_plan` reads them
+    from the operands' shardings: by the batch (images split, kernels whole, the kernel
+    gradient summed over devices) and by channels (a kernel split by output channels gives
+    outputs split by channels; split by input channels, partial outputs summed), as
+    tensor-auto's PartitionSpecs split them. Inside shard_map, or on one device, it is the
+    plain call."""
 
     @functools.partial(custom_partitioning, static_argnums=(0, 1, 2))
     def call(size, strides, pads, a, b):
         return _call(target, _result_shape(target, size, strides, pads, a, b), a, b, strides, pads)
 
-    def shardings(device_mesh, arg_shapes):
-        spec = getattr(arg_shapes[0].sharding, "spec", None)
-        batch = spec[0] if spec else None
-        images, replicated = (NamedSharding(device_mesh, PartitionSpec(batch, None, None, None)),
-                              NamedSharding(device_mesh, PartitionSpec()))
-        args = tuple(replicated if i == kernel_operand else images for i in range(2))
-        return batch, args, replicated if sums else images
+    def plan(device_mesh, arg_shapes):
+        specs = [getattr(getattr(a, "sharding", None), "spec", None) for a in arg_shapes]
+        args, out, sums = _split_plan(rule, specs)
+        named = lambda spec: NamedSharding(device_mesh, PartitionSpec(*spec))  # noqa: E731
+        return tuple(named(a) for a in args), named(out), sums
 
     def infer(size, strides, pads, device_mesh, arg_shapes, result_shape):
-        return shardings(device_mesh, arg_shapes)[2]
+        return plan(device_mesh, arg_shapes)[1]
 
     def partition(size, strides, pads, device_mesh, arg_shapes, result_shape):
-        batch, args, out = shardings(device_mesh, arg_shapes)
+        args, out, sums = plan(device_mesh, arg_shapes)
 
         def lower(a, b):
             local = _call(target, _result_shape(target, size, strides, pads, a, b), a, b,
                           strides, pads)
-            return jax.lax.psum(local, batch) if sums and batch else local
+            return jax.lax.psum(local, sums) if sums else local
         return device_mesh, lower, out, args
 
     call.def_partition(partition=partition, infer_sharding_from_operands=infer,

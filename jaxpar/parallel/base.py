@@ -15,7 +15,6 @@ the metrics come from `jaxpar.step` unchanged.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import math
 import time
@@ -31,7 +30,7 @@ from jaxpar import measure
 from jaxpar import mesh as meshlib
 from jaxpar.config import ModelConfig, TrainConfig
 from jaxpar.errors import ConfigError
-from jaxpar.models import has_batch_norm, option_value, takes
+from jaxpar.models import has_batch_norm, option_value
 from jaxpar.step import Params, TrainState
 from jaxpar.parallel.layout import fetch
 
@@ -76,9 +75,6 @@ class Strategy:
     # The strategy-specific ParallelConfig options it reads; another strategy's option given a
     # non-default value is refused (`jaxpar.validate`), never silently ignored.
     options: tuple[str, ...] = ()
-    # What --conv-impl auto builds under this strategy on a CPU (`model_config`); None: the
-    # backend's choice (`layers.resolve`).
-    auto_conv_impl: str | None = None
 
     @classmethod
     def check(cls, config: TrainConfig, axes: dict[str, int]) -> list[str]:
@@ -93,14 +89,6 @@ class Strategy:
         """The class that runs this strategy for `config` on this backend: a strategy with
         several formulations (`pipeline`, `gems`: `--pipeline-impl`) picks one; most have one."""
         return cls
-
-    @classmethod
-    def model_config(cls, model: ModelConfig) -> ModelConfig:
-        """`model` as this strategy builds it: --conv-impl auto made `auto_conv_impl` on a CPU."""
-        if (cls.auto_conv_impl is None or model.conv_impl not in (None, "auto")
-                or "conv_impl" not in takes(model.model) or jax.default_backend() != "cpu"):
-            return model
-        return dataclasses.replace(model, conv_impl=cls.auto_conv_impl)
 
     @classmethod
     def check_model(cls, model: str | ModelConfig) -> None:

@@ -21,10 +21,6 @@ class TensorAuto(_TensorBase):
     name = "tensor-auto"
     summary = ("the same split as `NamedSharding`s on the parameters, plain `jit`; XLA places "
                "the collectives")
-    # XLA's partitioner splits the convolutions by channels here; oneDNN's calls split only by
-    # the batch (models/onednn.py) and would gather the split kernels: the CNN on 4 devices
-    # moved 9.7 MB a step against 6.4 (theory 6.0) and ran 91 ms against 69 with the cpu forms.
-    auto_conv_impl = "cpu"
 
     def _build_programs(self):
         batch = {k: self.batch_sharding for k in ("image", "label", "weight")}
