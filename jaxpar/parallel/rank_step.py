@@ -9,7 +9,8 @@ replica), its step is instead one jitted program per device: the device's column
 table written out, the activations and gradients sent and received by the program itself
 (`p2p`), then the optimizer update (GEMS: after each stage's two copies exchange and sum
 their gradients). Within a process the links are in-memory channels, whose sends never
-wait (and whose waiting receives hold no thread of XLA's pool), so each row's slots send before they receive (`column.walk_devices`: any directions,
+wait (and whose waiting receives hold no thread of XLA's pool), so each row's slots send
+before they receive (`column.walk_devices`: any directions,
 GEMS's replicas flow opposite ways); all devices' programs are dispatched before any is
 waited on, and run at once, each on its device's thread. Across processes (one stage each,
 no replicas) they are TCP connections in `column.walk`'s rendezvous-safe order. The stage
