@@ -82,6 +82,16 @@ def test_stage_programs_cut_inside_where_stages_have_workers_and_equal_single(st
     eq.assert_equivalent(ref, got)
 
 
+def test_stage_programs_cut_inside_where_each_device_has_a_thread_of_its_own(monkeypatch):
+    """--single-thread: each simulated device one XLA thread, as a rank has."""
+    from jaxpar import mesh
+    from jaxpar.parallel.pipeline_mpmd import PipelineMPMD
+
+    assert not PipelineMPMD.cuts_inside_layers.fget(None)  # this suite: XLA's shared threads
+    monkeypatch.setattr(mesh, "single_threaded", lambda: True)
+    assert PipelineMPMD.cuts_inside_layers.fget(None)
+
+
 def test_layer_split_keeps_whole_layers():
     cfg = eq.config(strategy="layer-split", mesh="stage=2", model="cnn", width=None, depth=None, batch_size=16)
     assert eq.run(cfg, steps=1, devices=2).strategy.describe()["cut_inside"] is None

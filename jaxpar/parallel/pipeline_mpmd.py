@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import jax
 
+from jaxpar import mesh as meshlib
 from jaxpar.parallel import processes, schedules
 from jaxpar.parallel.host_pipeline import HostPipeline
 from jaxpar.parallel.pipeline_common import GemsFace, PipelineFace
@@ -25,11 +26,13 @@ class PipelineMPMD(PipelineFace, HostPipeline):
         processes (ranks), whose stages hand on point to point (`rank_step`'s in-program
         messages, or the host walk's `transfers`; CNN 1F1B on 2 single-threaded ranks walked
         from the host: 40-44 ms cut inside conv2; with the collective hops before transfers,
-        53 ms cut inside and 58 ms after it). Not on CPU devices simulated in one process:
-        they share the cores `single` already fills (the bounds study, 2 devices, CNN cut
-        inside conv2: GPipe 1.08x `single`, 1F1B 1.37x, against 1.22x and 1.16x cut after it
-        in its previous run)."""
-        return jax.default_backend() != "cpu" or processes.many()
+        53 ms cut inside and 58 ms after it), and simulated devices each on one thread of
+        its own (`--single-thread`, as ranks are: CNN, 2 devices, 1F1B 22.9-23.0 ms cut
+        inside conv2 against 30.6-40.7 after it; GPipe 32.4-33.8 against 32.3-32.7). Not on
+        CPU devices sharing XLA's threads in one process: they share the cores `single`
+        already fills (the bounds study, 2 devices, CNN cut inside conv2: GPipe 1.08x
+        `single`, 1F1B 1.37x, against 1.22x and 1.16x cut after it in its previous run)."""
+        return jax.default_backend() != "cpu" or processes.many() or meshlib.single_threaded()
 
     @property
     def microbatches(self) -> int:
