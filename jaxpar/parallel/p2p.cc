@@ -88,9 +88,13 @@ static std::mutex& channels_mu = *new std::mutex;
 static std::map<int64_t, std::shared_ptr<Channel>>& channels = *new std::map<int64_t, std::shared_ptr<Channel>>;
 static int64_t next_channel = 1;
 
-static ffi::Error SizeError(size_t got, size_t expected) {
-  return ffi::Error::Internal("jaxpar p2p: a message of " + std::to_string(got) + " bytes where " +
-                              std::to_string(expected) + " were expected");
+// A message's bytes into a receive's result, if they are as many as it expects.
+static ffi::Error CopyMessage(const char* message, size_t bytes, void* out, size_t expected) {
+  if (bytes != expected)
+    return ffi::Error::Internal("jaxpar p2p: a message of " + std::to_string(bytes) + " bytes where " +
+                                std::to_string(expected) + " were expected");
+  std::memcpy(out, message, bytes);
+  return ffi::Error::Success();
 }
 
 // Fails every waiting receive past its deadline (or every one, on a closed channel): no
@@ -163,12 +167,9 @@ static ffi::Error ChanSend(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffe
   Waiting w = std::move(c->receivers.front());
   c->receivers.pop_front();
   lock.unlock();
-  if (w.bytes != x.size_bytes()) {
-    w.done.SetError(SizeError(x.size_bytes(), w.bytes));
-  } else {
-    std::memcpy(w.out, p, w.bytes);
-    pool.Schedule([done = std::move(w.done)]() mutable { done.SetAvailable(); });
-  }
+  ffi::Error copied = CopyMessage(p, x.size_bytes(), w.out, w.bytes);
+  if (!copied.success()) w.done.SetError(copied);
+  else pool.Schedule([done = std::move(w.done)]() mutable { done.SetAvailable(); });
   return ffi::Error::Success();
 }
 
@@ -192,12 +193,9 @@ static ffi::Future ChanRecv(ffi::AnyBuffer order, ffi::Result<ffi::AnyBuffer> ou
   std::vector<char> message = std::move(c->messages.front());
   c->messages.pop_front();
   lock.unlock();
-  if (message.size() != out->size_bytes()) {
-    promise.SetError(SizeError(message.size(), out->size_bytes()));
-  } else {
-    std::memcpy(out->untyped_data(), message.data(), message.size());
-    promise.SetAvailable();
-  }
+  ffi::Error copied = CopyMessage(message.data(), message.size(), out->untyped_data(), out->size_bytes());
+  if (!copied.success()) promise.SetError(copied);
+  else promise.SetAvailable();
   return future;
 }
 

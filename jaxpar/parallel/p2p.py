@@ -5,8 +5,8 @@ step. With one core per rank (single-threaded ranks) that host work and the tran
 threads took ~10 ms of each core a step beside the stages' 27 ms (CNN, 2 ranks, 1F1B:
 docs/studies.md), and the step stayed at 1.2x one rank. Here each stage's whole step is one
 program (`rank_step`; a process's, or one of several a process runs at once on its devices),
-whose own thread writes each activation or gradient to a TCP socket (within a process, an
-in-memory channel) and reads the next one: two XLA FFI custom calls (p2p.cc), as mpi4jax's are for
+which writes each activation or gradient to a TCP socket (within a process, an in-memory
+channel) and reads the next one itself: XLA FFI custom calls (p2p.cc), as mpi4jax's are for
 MPI, without MPI. They are built by the C++ compiler the first time they are needed (a few
 seconds; cached under $JAXPAR_CACHE or ~/.cache/jaxpar, per source and jaxlib version);
 without a compiler `unavailable()` says why and pipelines keep the host walk (`transfers`).
@@ -18,9 +18,9 @@ without a compiler `unavailable()` says why and pipelines keep the host walk (`t
     y = links.receive(spec, peer, after=order)         # the next message from `peer`
 
 Every wait is bounded: connecting by `CONNECT_TIMEOUT_S`, each send and receive by the
-sockets' `TIMEOUT_S` (SO_SNDTIMEO / SO_RCVTIMEO), a channel's receive by the same, after which
-the program fails with a message naming the peer's silence. A rank that dies is normally ended sooner by jax.distributed's
-heartbeat and the launcher.
+sockets' `TIMEOUT_S` (SO_SNDTIMEO / SO_RCVTIMEO), a channel's receive by the same, after
+which the program fails with a message naming the peer's silence. A rank that dies is
+normally ended sooner by jax.distributed's heartbeat and the launcher.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`pipeline` and `gems` with one program per stage, the schedule walked from the host.
+"""`pipeline` and `gems` as programs of each stage's own, on its own device.
 
 The formulation `--pipeline-impl auto` takes on a CPU backend (`pipeline_common`): the
 machinery is `host_pipeline.HostPipeline` (which `layer-split` uses with one micro-batch);

@@ -180,19 +180,24 @@ class RankStep:
         other = S - 1 - d
         mine = {r: (c.acc, c.z) for r, c in copies.items()}
         for r in sorted(mine):
-            for leaf in jax.tree.leaves(mine[r]):
-                order = column.tie(order, links.send(leaf, other, order))
+            order = self._send_tree(links, mine[r], other, order)
         theirs = {}
         for r in sorted(mine):  # the other device's copy r holds the stage of my copy 1 - r
             theirs[1 - r], order = self._receive_tree(links, mine[1 - r], other, order)
         for r, c in copies.items():
             c.acc, c.z = jax.tree.map(jnp.add, (c.acc, c.z), theirs[r])
         if d == 0:  # replica 1's last stage
-            for leaf in jax.tree.leaves(copies[1].sums):
-                order = column.tie(order, links.send(leaf, S - 1, order))
+            order = self._send_tree(links, copies[1].sums, S - 1, order)
         if d == S - 1:
             got, order = self._receive_tree(links, copies[0].sums, 0, order)
             copies[0].sums = jax.tree.map(jnp.add, copies[0].sums, got)
+        return order
+
+    @staticmethod
+    def _send_tree(links, tree, dest, order):
+        """`tree` to `dest`, leaf by leaf in order (as `_receive_tree` reads it); the order."""
+        for leaf in jax.tree.leaves(tree):
+            order = column.tie(order, links.send(leaf, dest, order))
         return order
 
     @staticmethod
