@@ -74,7 +74,7 @@ def on_link(machine: cost.Machine, link: cost.Link) -> cost.Machine:
     burst_s = cluster.burst_bytes(int(8 * link.bytes_per_s)) / link.bytes_per_s
 
     def wire(c: cost.Collective) -> float:
-        directions = 2 if c.op.removeprefix("mpi_") in ("sendrecv", "collective-permute") else 1
+        directions = 2 if c.op.removeprefix("mpi_") in ("sendrecv", "collective-permute", "send") else 1
         return max(cost.link_seconds(link, c) - directions * burst_s, 0.0)
 
     return dataclasses.replace(machine, collective_s=lambda c: machine.collective_s(c) + wire(c), wire_s=wire,
@@ -87,7 +87,7 @@ def across_measured_link(machine: cost.Machine, fits: dict, name: str) -> cost.M
     link's (`wire_s`: the transport's protocol and waits on the wire, not this machine's
     arithmetic), which the check's anchor for the session's speed does not scale (scaled, the
     MLP's steps of eight ~4 ms collectives came out 40-100% too long)."""
-    across = cost.fitted_collectives(fits)
+    across = cost.fitted_collectives(fits, send_share=0.5)
     return dataclasses.replace(machine, collective_s=across, wire_s=across,
                                notes=machine.notes + (f"link {name} (measured)",))
 
@@ -126,12 +126,16 @@ def predict_point(profile: dict, config: dict, env: dict,
         machine = cost.simulated(profile, lambda key, _: compute(key, one_thread))
         devices = p.get("devices") or env["device_count"]
     key = model_key(config["model"])
+    implementation = (described or {}).get("implementation", "spmd")
+    side_by_side = predictlib.stages_side_by_side(cls.name, machine.compute(key, one_thread), implementation)
+    if machine.slots == 1 and side_by_side:
+        machine, one_thread = cost.side_by_side(profile, compute), True
     c = machine.compute(key, one_thread)
     axes, _ = predictlib.mesh_axes(cls.name, devices, p.get("mesh", ""), len(c.layers))
     problem = predictlib.problem(key, cls.name, axes, config["data"]["batch_size"], c,
                                  microbatches=p["microbatches"], schedule=p["schedule"],
                                  sync_every=p.get("sync_every", 1),
-                                 implementation=(described or {}).get("implementation", "spmd"),
+                                 implementation=implementation,
                                  collective_form=(described or {}).get("collective_form", "native"),
                                  cut_inside=bool((described or {}).get("cut_inside")))
     work = cls.cost(problem)

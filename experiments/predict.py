@@ -113,6 +113,13 @@ def problem(key: str, strategy: str, axes: dict, batch: int, compute: cost.Compu
 PIPELINES = ("pipeline", "gems")
 
 
+def stages_side_by_side(strategy: str, compute: cost.Compute, implementation: str) -> bool:
+    """Whether simulated CPU devices run this strategy's stages at once, a core each
+    (`cost.side_by_side`): a pipeline of one program per stage whose model has convolutions."""
+    return (strategy in PIPELINES and implementation == "mpmd"
+            and any(layer.kind == "conv" for layer in compute.layers))
+
+
 def mesh_axes(strategy: str, devices: int, mesh: str = "", layers: int = 0) -> tuple[dict, str]:
     """The axes a prediction uses, and a note when they are not the strategy's own: a pipeline
     on more devices than the model has layers runs as many stages as fit (the largest divisor
@@ -137,6 +144,9 @@ def predict_one(profile, key, strategy, devices, batch, device=PROFILED, link="m
     # pipelines run as `--pipeline-impl auto` runs them: one program per stage on a CPU
     on_cpu = device == PROFILED and profile["env"].get("backend", "cpu") == "cpu"
     options = {"implementation": "mpmd" if on_cpu else "spmd", **options}
+    if on_cpu and link == "measured" and stages_side_by_side(strategy, compute, options["implementation"]):
+        m = cost.side_by_side(profile, compute_source(profile, device))
+        compute = m.compute(key, True)
     work = STRATEGIES[strategy].cost(problem(key, strategy, axes, batch, compute, **options))
     pred = cost.predict(work, m, batch, max(1, cost_devices(axes)))
     return dataclasses.replace(pred, notes=pred.notes + ((note,) if note else ()))

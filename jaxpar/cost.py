@@ -16,7 +16,8 @@ How a machine turns a strategy's work into time:
 - simulated CPU devices share the machine's cores: one device's work is timed on every core
   (XLA's one intra-op pool), so D devices' work adds up (D x step(B/D) for data parallelism,
   not step(B/D)), and a pipeline's bubble costs nothing unless its critical path is longer
-  than the sum (an idle stage leaves its cores to the others);
+  than the sum (an idle stage leaves its cores to the others); except a convolutional model's
+  pipeline in one program per stage (`side_by_side`): its stages run at once, a core each;
 - MPI ranks run one pinned thread each: their one-thread work adds up over min(ranks, cores);
   more ranks than cores: a rank that waits in MPI polls (MPICH's default) and keeps its share
   of a core, so every rank runs at cores / ranks of a core for the whole step and the
@@ -24,7 +25,8 @@ How a machine turns a strategy's work into time:
   ranks / cores.
 Communication is not overlapped with compute (XLA:CPU runs both on the same threads; on a
 cluster this is the upper bound) and is priced per collective from the profile's measured
-message sizes or, on a link, by the formulas of `link_seconds`.
+message sizes or, on a link, by the formulas of `link_seconds`; except a host-driven
+pipeline's sends over a link, whose wire is a resource of its own (`_exposed_sends`).
 """
 
 from __future__ import annotations
@@ -283,10 +285,20 @@ def fitted_seconds(fits: dict, op: str, group: int, nbytes: float) -> float:
     return scale * _interp([p[0] for p in points], [p[1] for p in points], nbytes)
 
 
-def fitted_collectives(fits: dict) -> Callable[[Collective], float]:
+def fitted_collectives(fits: dict, send_share: float = 1.0) -> Callable[[Collective], float]:
     """A collective's seconds from a profile's fits (`fitted_seconds`), `count` times a step;
-    nothing for a group of one."""
-    return lambda c: c.count * fitted_seconds(fits, c.op, c.group, c.bytes) if c.group > 1 else 0.0
+    nothing for a group of one. A `send` (one way: a host-driven pipeline's message on
+    jaxpar's channels) costs `send_share` of the 2-device collective-permute the profile
+    times, a swap: on one host each side's copy runs at once with the other's, so a send
+    costs what the swap costs (1); across 2 emulated hosts the swap's directions went one
+    after the other, twice the bytes' time on the link, so a send is half of it."""
+    def seconds(c: Collective) -> float:
+        if c.group <= 1:
+            return 0.0
+        if c.op == "send":
+            return c.count * send_share * fitted_seconds(fits, "collective-permute", 2, c.bytes)
+        return c.count * fitted_seconds(fits, c.op, c.group, c.bytes)
+    return seconds
 
 
 def link_seconds(link: Link, c: Collective) -> float:
@@ -305,18 +317,40 @@ def link_seconds(link: Link, c: Collective) -> float:
         "allreduce": 2 * hops * a + 2 * (n - 1) / n * b / bw,
         "all-gather": hops * a + (n - 1) * b / bw,
         "reduce-scatter": hops * a + (n - 1) / n * b / bw,
-        "collective-permute": a + b / bw, "sendrecv": a + b / bw,
+        "collective-permute": a + b / bw, "sendrecv": a + b / bw, "send": a + b / bw,
         "bcast": hops * (a + b / bw),
         "gather": a + (n - 1) * b / bw,
     }[op]
     return c.count * seconds
 
 
+def _exposed_sends(work: Work, machine: Machine, sends: list[Collective]) -> float:
+    """What a host-driven pipeline's sends over a link add to its step. Each direction of each
+    boundary's link is a resource of its own that the sends hold while the stages compute, so
+    the link is one more stage each way on every micro-batch's path, a message's time there:
+    the step's bound with those hops (M slots of the slowest stage or hop, and the fill and
+    drain through every stage and hop) less its bound without them. A slow link sets the
+    pace (M messages a direction); a fast one adds its fill and drain only."""
+    hops = [machine.collective_s(dataclasses.replace(c, count=1)) for c in sends]
+    m, stages = work.microbatches, work.stage_s
+
+    def bound(hop_path: float, slowest: float) -> float:
+        return m * slowest + sum(stages) + hop_path - slowest
+
+    return bound(2 * sum(hops), max(*stages, *hops)) - bound(0.0, max(stages))
+
+
 def predict(work: Work, machine: Machine, batch: int, devices: int) -> Prediction:
     """The step's time split into compute, exposed communication and bubble (see the module
     docstring for how each kind of machine adds devices' work)."""
-    comm = sum(machine.collective_s(c) for c in work.collectives)
-    wire = sum(machine.wire_s(c) for c in work.collectives) if machine.wire_s else 0.0
+    on_wire = bool(work.stage_s) and machine.wire_s is not None
+    sends = [c for c in work.collectives if on_wire and c.op == "send"]
+    others = [c for c in work.collectives if not (on_wire and c.op == "send")]
+    comm = sum(machine.collective_s(c) for c in others)
+    wire = sum(machine.wire_s(c) for c in others) if machine.wire_s else 0.0
+    if sends:   # they overlap the stages' compute: what they add is the wire's
+        exposed = _exposed_sends(work, machine, sends)
+        comm, wire = comm + exposed, wire + exposed
     if work.stage_s:   # a pipeline: M micro-batches through S stages
         slowest = max(work.stage_s)
         dedicated = work.microbatches * slowest
@@ -357,6 +391,21 @@ def simulated(profile: dict, model_compute: Callable[[str, bool], Compute]) -> M
     return Machine("simulated CPU devices", model_compute, fitted_collectives(profile["collectives"]),
                    slots=1, memory_bytes=None,
                    notes=(f"simulated devices share {profile['cores']} cores: their work adds up",),
+                   dispatch_s=profile.get("dispatch_us", 0.0) / 1e6)
+
+
+def side_by_side(profile: dict, model_compute: Callable[[str, bool], Compute]) -> Machine:
+    """This machine's simulated devices running a convolutional model's pipeline, one program
+    per stage: the stages run at once, each at its one-thread speed on a core of its own. Their
+    convolutions are oneDNN calls whose chunks run on whichever of the pool's threads is free
+    (jaxpar/models/onednn.py), and a stage waiting for a message holds no thread (p2p.cc), so
+    two stages' micro-batches take a core each instead of splitting every small micro-batch
+    over both, and a waiting stage leaves its core to the others. XLA's own dense layers split
+    each op over the whole pool and wait for every part: the MLPs' stages queue behind each
+    other, and `simulated` (their work added up) prices them."""
+    return Machine("simulated CPU devices, stages side by side", lambda key, _: model_compute(key, True),
+                   fitted_collectives(profile["collectives"]), slots=profile["cores"], memory_bytes=None,
+                   notes=(f"pipeline stages side by side, one of {profile['cores']} cores each",),
                    dispatch_s=profile.get("dispatch_us", 0.0) / 1e6)
 
 

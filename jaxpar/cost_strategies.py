@@ -200,7 +200,7 @@ def layer_split(p: Problem) -> Work:
     gradients cross each boundary once."""
     c, s = p.compute, p.size("stage")
     parts = [c.part_s(p.batch, r) for r in _stage_layers(p, s)]
-    sends = [Collective("collective-permute", c.layers[r[-1]].out_bytes_per_example * p.batch, 2, 2)
+    sends = [Collective("send", c.layers[r[-1]].out_bytes_per_example * p.batch, 2, 2)
              for r in _stage_layers(p, s)[:-1]]
     state = max(sum(c.layers[i].param_bytes for i in r) for r in _stage_layers(p, s)) * 3
     return Work(tuple(parts), tuple(sends), state, c.temp_bytes(p.batch) / s, serial=True,
@@ -209,13 +209,15 @@ def layer_split(p: Problem) -> Work:
 
 def _sends(p: Problem, ranges: list[range], rows: float, op: str) -> list[Collective]:
     """The activations and their gradients between stages per step. One program per stage
-    (`mpmd`) and MPI ranks send each real micro-batch across each boundary once forward and
-    once back (its own bytes, 2M sends, between 2 devices); the single SPMD program shifts
+    (`mpmd`, one-way messages on jaxpar's channels: `send`) and MPI ranks send each real
+    micro-batch across each boundary once forward and once back (its own bytes, 2M sends,
+    between 2 devices); the single SPMD program shifts
     the largest boundary's buffer at every one of its M + S - 1 ticks, both ways."""
     c, s, m = p.compute, len(ranges), p.microbatches
     if s <= 1:
         return []
     if p.implementation == "mpmd" or op.startswith("mpi_"):
+        op = "send" if p.implementation == "mpmd" and not op.startswith("mpi_") else op
         return [Collective(op, c.layers[r[-1]].out_bytes_per_example * rows, 2, 2 * m) for r in ranges[:-1]]
     boundary = max(c.layers[r[-1]].out_bytes_per_example for r in ranges[:-1]) * rows
     return [Collective(op, boundary, s, 2 * (m + s - 1))]

@@ -5,6 +5,7 @@ the committed error table listing every committed point."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import statistics
 
@@ -107,6 +108,55 @@ def test_a_pipeline_on_dedicated_devices_pays_the_schedules_bubble():
         equal = dataclasses.replace(work, stage_s=(slowest,) * 4)
         e = cost.predict(equal, cost.cluster(lambda k, t: compute, cost.LINKS["nvlink"], None, "x"), 512, 4)
         assert e.bubble_s / (e.bubble_s + e.compute_s - max(work.device_s)) == pytest.approx(3 / (m + 3))
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_a_conv_models_pipeline_runs_its_stages_side_by_side_an_mlps_adds_them_up(devices):
+    dispatch, cores = PROFILE["dispatch_us"] / 1e6, PROFILE["cores"]
+    one = predictlib.compute_source(PROFILE)("cnn", True)
+    work = STRATEGIES["pipeline"].cost(predictlib.problem("cnn", "pipeline", {"stage": devices}, 128, one,
+                                                          microbatches=8, implementation="mpmd"))
+    side = predictlib.predict_one(PROFILE, "cnn", "pipeline", devices, 128, microbatches=8)
+    # a core each at one-thread speed: the stages' summed work over the cores, or the critical
+    # path (M slots of the slowest stage, the fill and drain, the update) where that is longer
+    total = 8 * sum(work.stage_s) + sum(work.device_s)
+    critical = 7 * max(work.stage_s) + sum(work.stage_s) + max(work.device_s)
+    assert side.compute_s + side.bubble_s == pytest.approx(max(total / cores, critical) + work.programs * dispatch)
+    assert any("side by side" in note for note in side.notes)
+    every = predictlib.compute_source(PROFILE)(STACK)
+    work = STRATEGIES["pipeline"].cost(predictlib.problem(STACK, "pipeline", {"stage": devices}, 128, every,
+                                                          microbatches=8, implementation="mpmd"))
+    added = predictlib.predict_one(PROFILE, STACK, "pipeline", devices, 128, microbatches=8)
+    assert added.compute_s == pytest.approx(8 * sum(work.stage_s) + sum(work.device_s) + work.programs * dispatch)
+    # and the committed points: the bounds study's CNN pipelines are priced side by side
+    result = json.loads((DATA / "bounds/points/2/pipeline-gpipe/r0/result.json").read_text())
+    pred, _ = cost_check.predict_point(PROFILE, result["config"], result["env"], result["strategy"])
+    assert any("side by side" in note for note in pred.notes)
+
+
+def test_a_pipelines_sends_over_a_link_overlap_its_stages_and_go_one_way():
+    compute = predictlib.compute_source(PROFILE)("cnn", True)
+    work = STRATEGIES["pipeline"].cost(predictlib.problem("cnn", "pipeline", {"stage": 2}, 128, compute,
+                                                          microbatches=8, implementation="mpmd"))
+    (send,) = [c for c in work.collectives if c.op == "send"]
+    assert send.count == 2 * 8   # each micro-batch's activations one way, their gradient back
+    stages, update = sum(work.stage_s), max(work.device_s)
+    for rate in (1e6, 1e12):     # bytes/s
+        link = cost.Link("x", rate, 0.0, "")
+        seconds = functools.partial(cost.link_seconds, link)
+        hop = send.bytes / rate  # one message, one way
+        on_wire = cost.predict(work, cost.Machine("x", lambda k, t: compute, seconds, 2, None, wire_s=seconds), 128, 2)
+        if rate == 1e6:          # the link sets the pace: M messages a direction, and the fill and drain
+            assert on_wire.total_s == pytest.approx(8 * hop + stages + hop + update)
+        else:                    # a fast link adds its fill and drain only: one message each way
+            assert on_wire.comm_s == pytest.approx(2 * hop)
+        assert on_wire.wire_s == pytest.approx(on_wire.comm_s)
+        one_host = cost.predict(work, cost.Machine("x", lambda k, t: compute, seconds, 2, None), 128, 2)
+        assert one_host.comm_s == pytest.approx(16 * hop)   # no wire of its own: not overlapped
+    # across 2 emulated hosts the profile's swap took twice the bytes' time: a send is half of it
+    fits = PROFILE["links"]["100mbit"]["distributed"]
+    half = cost.fitted_collectives(fits, send_share=0.5)(cost.Collective("send", 5e5, 2))
+    assert half == pytest.approx(cost.fitted_seconds(fits, "collective-permute", 2, 5e5) / 2)
 
 
 def test_every_strategy_states_its_cost():
@@ -252,7 +302,7 @@ def test_pipelines_are_priced_in_the_form_they_were_measured():
     for impl, count in (("mpmd", 2 * 8), ("spmd", 2 * (8 + 4 - 1))):
         work = STRATEGIES["pipeline"].cost(Problem(compute, {"stage": 4}, 128, microbatches=8,
                                                    model={"model": "cnn"}, implementation=impl))
-        sends = [c for c in work.collectives if c.op == "collective-permute"]
+        sends = [c for c in work.collectives if c.op == ("send" if impl == "mpmd" else "collective-permute")]
         assert {c.count for c in sends} == {count}
         assert len(sends) == (3 if impl == "mpmd" else 1)
 
