@@ -34,13 +34,14 @@ statistics, so its trajectory can differ from single's.
 The targets take most of a real run: `single` reaches them, measured at these settings (real
 Fashion-MNIST, batch 128, 5,000 validation examples, seed 0, validation every 100 steps), at
 MLP 0.88: step 1,300 (the 4th epoch), CNN 0.91: step 1,300 (steadily above it from step
-1,600), ResNet 0.91: step 2,300 (validation 0.912 after 0.906 at step 1,700; 429 steps an
-epoch, so in its 6th epoch). The ResNet's earlier target, 0.89, `single` reached at step
-1,300, in its 4th epoch.
+1,600), ResNet 0.91: step 2,900 (429 steps an epoch, so in its 7th epoch; validation at
+0.89-0.909 from step 1,700, so the step a run first shows 0.91 at is partly chance: other
+strategies' runs reach it at 2,300-2,900). The ResNet's earlier target, 0.89, `single`
+reached at step 1,300, in its 4th epoch.
 
-Duration: the MLP's 13 points take about 2 minutes, the CNN's 15 about 10 (a quiet 2-core
-machine); the ResNet's 13 to 0.91 took 77 minutes (`single` 111 ms a step), 4-11 minutes
-a point. `--models mlp,cnn` about 12 minutes.
+Duration (a quiet 2-core machine, every convolution on oneDNN): the MLP's 13 points about
+4 minutes, the CNN's 15 about 17, the ResNet's 13 to 0.91 about 38 (`single` 54 ms a step,
+2-4 minutes a point): an hour in all.
 """
 
 from __future__ import annotations
