@@ -127,9 +127,7 @@ def predict_point(profile: dict, config: dict, env: dict,
         devices = p.get("devices") or env["device_count"]
     key = model_key(config["model"])
     implementation = (described or {}).get("implementation", "spmd")
-    side_by_side = predictlib.stages_side_by_side(cls.name, machine.compute(key, one_thread), implementation)
-    if machine.slots == 1 and side_by_side:
-        machine, one_thread = cost.side_by_side(profile, compute), True
+    machine, one_thread = predictlib.for_stages(machine, profile, cls.name, key, implementation, one_thread)
     c = machine.compute(key, one_thread)
     axes, _ = predictlib.mesh_axes(cls.name, devices, p.get("mesh", ""), len(c.layers))
     problem = predictlib.problem(key, cls.name, axes, config["data"]["batch_size"], c,

@@ -113,11 +113,15 @@ def problem(key: str, strategy: str, axes: dict, batch: int, compute: cost.Compu
 PIPELINES = ("pipeline", "gems")
 
 
-def stages_side_by_side(strategy: str, compute: cost.Compute, implementation: str) -> bool:
-    """Whether simulated CPU devices run this strategy's stages at once, a core each
-    (`cost.side_by_side`): a pipeline of one program per stage whose model has convolutions."""
-    return (strategy in PIPELINES and implementation == "mpmd"
-            and any(layer.kind == "conv" for layer in compute.layers))
+def for_stages(machine: cost.Machine, profile: dict, strategy: str, key: str, implementation: str,
+               one_thread: bool) -> tuple[cost.Machine, bool]:
+    """(`machine`, one_thread), or on simulated CPU devices (one shared pool) that run this
+    strategy's stages at once, a core each, `cost.side_by_side`'s (and one thread's compute):
+    a pipeline of one program per stage whose model has convolutions."""
+    convolutional = any(layer.kind == "conv" for layer in machine.compute(key, one_thread).layers)
+    if machine.slots == 1 and strategy in PIPELINES and implementation == "mpmd" and convolutional:
+        return cost.side_by_side(profile, compute_source(profile)), True
+    return machine, one_thread
 
 
 def mesh_axes(strategy: str, devices: int, mesh: str = "", layers: int = 0) -> tuple[dict, str]:
@@ -144,9 +148,9 @@ def predict_one(profile, key, strategy, devices, batch, device=PROFILED, link="m
     # pipelines run as `--pipeline-impl auto` runs them: one program per stage on a CPU
     on_cpu = device == PROFILED and profile["env"].get("backend", "cpu") == "cpu"
     options = {"implementation": "mpmd" if on_cpu else "spmd", **options}
-    if on_cpu and link == "measured" and stages_side_by_side(strategy, compute, options["implementation"]):
-        m = cost.side_by_side(profile, compute_source(profile, device))
-        compute = m.compute(key, True)
+    if on_cpu and link == "measured":
+        m, one_thread = for_stages(m, profile, strategy, key, options["implementation"], False)
+        compute = m.compute(key, one_thread)
     work = STRATEGIES[strategy].cost(problem(key, strategy, axes, batch, compute, **options))
     pred = cost.predict(work, m, batch, max(1, cost_devices(axes)))
     return dataclasses.replace(pred, notes=pred.notes + ((note,) if note else ()))
