@@ -21,7 +21,8 @@ the step.
 
 oneDNN comes from PyPI (`onednn-devel-cpu-gomp`: headers and library; a dependency on Linux
 x86-64); the custom calls are built by the C++ compiler on first use (jaxpar/native.py,
-seconds). Where either is missing, `unavailable()` says why and "auto" keeps the "cpu" forms.
+seconds). PyPI's newer oneDNN (`onednn`, 3.13) is a SYCL build that pulls ~600 MB of Intel
+runtimes, and ran these convolutions one-threaded only 4% faster than this 3.2: not worth it. Where either is missing, `unavailable()` says why and "auto" keeps the "cpu" forms.
 
 Every strategy runs them: inside shard_map and pmap each device calls them on its own share;
 a jit that XLA partitions (dp-auto, fsdp, tensor-auto, ...) splits each call as its operands
