@@ -50,6 +50,41 @@ def test_a_sent_array_arrives_whole(pair, dtype):
     np.testing.assert_array_equal(there_and_back(x), np.asarray(x) * 2)
 
 
+def test_a_send_over_a_connection_never_waits_for_its_receiver_and_a_flush_waits_until_written(pair):
+    """Between processes (`pair`: a TCP connection): 32 MB, more than both sockets' buffers
+    hold, sent before anything reads (a send that waited would time out: SO_SNDTIMEO 5 s);
+    a flush then waits until the receiver has read them, in order; a write that fails (the
+    peer gone) fails the next flush with a message."""
+    pair[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", 5, 0))
+    out, into = p2p.Links({1: pair[0]}), p2p.Links({0: pair[1]})
+    x = jnp.arange(1 << 18, dtype=jnp.float32)  # 1 MB
+    spec, count = jax.ShapeDtypeStruct(x.shape, x.dtype), 32
+
+    @jax.jit
+    def send_all(x):
+        order = jnp.zeros((), jnp.float32)
+        for i in range(count):
+            order = order + out.send(x + i, 1, after=order)
+        return order
+
+    jax.block_until_ready(send_all(x))  # returned: every message is in the outbox
+    flushed = threading.Thread(target=lambda: jax.block_until_ready(jax.jit(out.flush)(jnp.zeros(()))))
+    flushed.start()
+    flushed.join(0.5)
+    assert flushed.is_alive()  # nothing read yet: the messages cannot all be written
+    receive = jax.jit(lambda o: into.receive(spec, 0, after=o))
+    for i in range(count):
+        np.testing.assert_array_equal(receive(jnp.zeros(())), np.asarray(x) + i)
+    flushed.join(30)
+    assert not flushed.is_alive()
+
+    pair[1].shutdown(socket.SHUT_RDWR)  # the peer gone: a write fails, and a flush says so
+    with pytest.raises(Exception, match="send failed"):
+        for _ in range(count):  # the first writes may still land in the kernel's buffers
+            jax.block_until_ready(send_all(x))
+            jax.block_until_ready(jax.jit(out.flush)(jnp.zeros(())))
+
+
 def test_programs_of_one_process_exchange_through_channels_without_waiting_to_send():
     """Within a process (`pair`): a send returns before anything receives it (two queued,
     then read in order), and a receive with nothing coming fails after the timeout."""

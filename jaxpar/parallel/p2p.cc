@@ -1,12 +1,16 @@
 // Point-to-point messages sent and received by the XLA:CPU programs themselves (FFI custom
 // calls; jaxpar/parallel/p2p.py builds, registers and calls them): over a connected socket
-// between processes (blocking, SO_SNDTIMEO / SO_RCVTIMEO set, so no call waits forever), or
-// through an in-memory channel between two programs of one process (a send copies the message
-// and returns at once; a receive returns a future the send completes, failed after timeout_s
-// seconds, so no thread blocks on it).
+// between processes, or through an in-memory channel between two programs of one process. A
+// send never waits for its receiver either way: over a socket it copies the message into the
+// connection's outbox, which a thread of its own writes out (a flush waits until it has); in
+// a channel it copies the message into the queue. A socket receive blocks its thread (one
+// device per process), a channel receive returns a future the send completes. Every wait is
+// bounded: SO_SNDTIMEO / SO_RCVTIMEO on the sockets, timeout_s on channel receives and flushes.
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <fcntl.h>
 #include <deque>
 #include <map>
 #include <memory>
@@ -15,6 +19,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 #include "xla/ffi/api/ffi.h"
 
@@ -26,21 +31,118 @@ static std::string Why(const char* what, int error) {
   return std::string("jaxpar p2p: ") + what + " failed: " + std::strerror(error);
 }
 
-// Send(x, order) -> 0.0f: x's bytes to the peer; `order` (unused) makes the call wait for
-// what the caller computed before it, the result lets the caller order later work after it.
-static ffi::Error Send(ffi::AnyBuffer x, ffi::AnyBuffer order, ffi::Result<ffi::BufferR0<ffi::F32>> done,
-                       int64_t fd) {
-  const char* p = static_cast<const char*>(x.untyped_data());
-  size_t n = x.size_bytes();
+// A connection's outbox: messages sent and not yet written, written in order by a thread of
+// its own on a duplicate of the socket's descriptor (so closing the socket in Python never
+// leaves it writing to a reused descriptor number). The first failed write is kept and
+// reported by the sends and flushes after it.
+struct Outbox {
+  std::mutex mu;
+  std::condition_variable changed;
+  std::deque<std::vector<char>> queue;
+  bool writing = false;  // a message taken off the queue and not yet all written
+  bool closing = false;
+  std::string error;
+  int fd = -1;
+};
+static std::mutex& outboxes_mu = *new std::mutex;
+static std::map<int64_t, std::shared_ptr<Outbox>>& outboxes = *new std::map<int64_t, std::shared_ptr<Outbox>>;
+static int64_t next_outbox = 1;
+
+static std::string WriteAll(int fd, const char* p, size_t n) {
   while (n > 0) {
-    ssize_t w = ::send(static_cast<int>(fd), p, n, MSG_NOSIGNAL);
+    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
     if (w < 0) {
       if (errno == EINTR) continue;
-      return ffi::Error::Internal(Why("send", errno));
+      return Why("send", errno);
     }
     p += w; n -= static_cast<size_t>(w);
   }
+  return "";
+}
+
+// The outbox's thread: writes each message as it comes; once closed, what is left, then ends.
+static void Drain(std::shared_ptr<Outbox> box) {
+  std::unique_lock<std::mutex> lock(box->mu);
+  for (;;) {
+    box->changed.wait(lock, [&] { return !box->queue.empty() || box->closing; });
+    if (box->queue.empty()) break;
+    std::vector<char> message = std::move(box->queue.front());
+    box->queue.pop_front();
+    bool failed = !box->error.empty();  // after a failure the rest is dropped, not written
+    box->writing = true;
+    lock.unlock();
+    std::string why = failed ? "" : WriteAll(box->fd, message.data(), message.size());
+    lock.lock();
+    box->writing = false;
+    if (!why.empty()) box->error = why;
+    box->changed.notify_all();
+  }
+  ::close(box->fd);
+}
+
+// An outbox for a connected socket (its descriptor duplicated); its id, or -errno.
+extern "C" int64_t JaxparOutboxOpen(int fd) {
+  int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) return -errno;
+  auto box = std::make_shared<Outbox>();
+  box->fd = own;
+  std::thread(Drain, box).detach();
+  std::lock_guard<std::mutex> lock(outboxes_mu);
+  outboxes[next_outbox] = box;
+  return next_outbox++;
+}
+
+// Closes an outbox: its thread writes what is queued (each write bounded by SO_SNDTIMEO), then
+// closes its descriptor and ends.
+extern "C" void JaxparOutboxClose(int64_t id) {
+  std::shared_ptr<Outbox> box;
+  {
+    std::lock_guard<std::mutex> lock(outboxes_mu);
+    auto it = outboxes.find(id);
+    if (it == outboxes.end()) return;
+    box = it->second;
+    outboxes.erase(it);
+  }
+  std::lock_guard<std::mutex> lock(box->mu);
+  box->closing = true;
+  box->changed.notify_all();
+}
+
+static std::shared_ptr<Outbox> FindOutbox(int64_t id) {
+  std::lock_guard<std::mutex> lock(outboxes_mu);
+  auto it = outboxes.find(id);
+  return it == outboxes.end() ? nullptr : it->second;
+}
+
+// Send(x, order) -> 0.0f: x's bytes into the connection's outbox, at once (its thread writes
+// them); `order` (unused) makes the call wait for what the caller computed before it, the
+// result lets the caller order later work after it.
+static ffi::Error Send(ffi::AnyBuffer x, ffi::AnyBuffer order, ffi::Result<ffi::BufferR0<ffi::F32>> done,
+                       int64_t outbox) {
+  auto box = FindOutbox(outbox);
+  if (!box) return ffi::Error::Internal("jaxpar p2p: a send on a closed connection");
+  const char* p = static_cast<const char*>(x.untyped_data());
   *done->typed_data() = 0.0f;
+  std::lock_guard<std::mutex> lock(box->mu);
+  if (!box->error.empty()) return ffi::Error::Internal(box->error);
+  box->queue.emplace_back(p, p + x.size_bytes());
+  box->changed.notify_all();
+  return ffi::Error::Success();
+}
+
+// Flush(order) -> 0.0f once every message sent before it is written out (the peer has read
+// all but what the kernel's buffers hold), or fails: a failed write, or timeout_s seconds.
+static ffi::Error Flush(ffi::AnyBuffer order, ffi::Result<ffi::BufferR0<ffi::F32>> done, int64_t outbox,
+                        int64_t timeout_s) {
+  auto box = FindOutbox(outbox);
+  if (!box) return ffi::Error::Internal("jaxpar p2p: a flush on a closed connection");
+  *done->typed_data() = 0.0f;
+  std::unique_lock<std::mutex> lock(box->mu);
+  bool written = box->changed.wait_for(lock, std::chrono::seconds(timeout_s), [&] {
+    return !box->error.empty() || (box->queue.empty() && !box->writing);
+  });
+  if (!box->error.empty()) return ffi::Error::Internal(box->error);
+  if (!written) return ffi::Error::Internal("jaxpar p2p: a flush timed out (the peer process stopped reading?)");
   return ffi::Error::Success();
 }
 
@@ -62,7 +164,10 @@ static ffi::Error Recv(ffi::AnyBuffer order, ffi::Result<ffi::AnyBuffer> out, in
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxparSend, Send,
-    ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::BufferR0<ffi::F32>>().Attr<int64_t>("fd"));
+    ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::BufferR0<ffi::F32>>().Attr<int64_t>("outbox"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxparFlush, Flush,
+    ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::BufferR0<ffi::F32>>().Attr<int64_t>("outbox")
+        .Attr<int64_t>("timeout_s"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxparRecv, Recv,
     ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attr<int64_t>("fd"));
 

@@ -5,9 +5,13 @@ step. With one core per rank (single-threaded ranks) that host work and the tran
 threads took ~10 ms of each core a step beside the stages' 27 ms (CNN, 2 ranks, 1F1B:
 docs/studies.md), and the step stayed at 1.2x one rank. Here each stage's whole step is one
 program (`rank_step`; a process's, or one of several a process runs at once on its devices),
-which writes each activation or gradient to a TCP socket (within a process, an in-memory
+which sends each activation or gradient over a TCP connection (within a process, an in-memory
 channel) and reads the next one itself: XLA FFI custom calls (p2p.cc), as mpi4jax's are for
-MPI, without MPI. They are built by the C++ compiler the first time they are needed (a few
+MPI, without MPI. A send never waits for its receiver: it copies the message into the
+connection's outbox, which a thread of its own writes out (a channel: into its queue), so a
+pipeline's last stage can send each gradient as soon as it has it, while activations still
+come the other way (a link carries both directions at once); `flush` waits until the outbox
+is written out, so a step's messages leave within the step. They are built by the C++ compiler the first time they are needed (a few
 seconds; cached under $JAXPAR_CACHE or ~/.cache/jaxpar, per source and jaxlib version);
 without a compiler `unavailable()` says why and pipelines keep the host walk (`transfers`).
 
@@ -16,10 +20,11 @@ without a compiler `unavailable()` says why and pipelines keep the host walk (`t
     links = p2p.Links({1: one})                        #   in-memory channels
     done = links.send(x, peer, after=order)            # inside jit: a zero, to order later work
     y = links.receive(spec, peer, after=order)         # the next message from `peer`
+    done = links.flush(after=order)                    # every connection's sends written out
 
-Every wait is bounded: connecting by `CONNECT_TIMEOUT_S`, each send and receive by the
-sockets' `TIMEOUT_S` (SO_SNDTIMEO / SO_RCVTIMEO), a channel's receive by the same, after
-which the program fails with a message naming the peer's silence. A rank that dies is
+Every wait is bounded: connecting by `CONNECT_TIMEOUT_S`, each write and receive by the
+sockets' `TIMEOUT_S` (SO_SNDTIMEO / SO_RCVTIMEO), a channel's receive and a flush by the
+same, after which the program fails with a message naming the peer's silence. A rank that dies is
 normally ended sooner by jax.distributed's heartbeat and the launcher.
 """
 
@@ -29,6 +34,7 @@ import ctypes
 import functools
 import socket
 import struct
+import weakref
 from pathlib import Path
 
 import jax
@@ -42,7 +48,7 @@ SOURCE = Path(__file__).with_name("p2p.cc")
 TIMEOUT_S = 300  # one send or receive; a step's message waits at most one stage's work
 CONNECT_TIMEOUT_S = 60
 BUFFER_BYTES = 4 << 20  # socket buffers: a micro-batch's activation fits (kernel caps apply)
-_SEND, _RECV = "jaxpar_p2p_send", "jaxpar_p2p_recv"
+_SEND, _RECV, _FLUSH = "jaxpar_p2p_send", "jaxpar_p2p_recv", "jaxpar_p2p_flush"
 _CHAN_SEND, _CHAN_RECV = "jaxpar_chan_send", "jaxpar_chan_recv"
 
 
@@ -63,8 +69,10 @@ def unavailable() -> str | None:
 @functools.lru_cache(maxsize=None)
 def _library() -> ctypes.CDLL:
     """The built custom calls, loaded and registered with XLA:CPU (once per process)."""
-    lib = native.register(native.build(SOURCE), {_SEND: "JaxparSend", _RECV: "JaxparRecv",
+    lib = native.register(native.build(SOURCE), {_SEND: "JaxparSend", _RECV: "JaxparRecv", _FLUSH: "JaxparFlush",
                                                  _CHAN_SEND: "JaxparChanSend", _CHAN_RECV: "JaxparChanRecv"})
+    lib.JaxparOutboxOpen.argtypes, lib.JaxparOutboxOpen.restype = [ctypes.c_int], ctypes.c_int64
+    lib.JaxparOutboxClose.argtypes = [ctypes.c_int64]
     lib.JaxparChannelOpen.restype = ctypes.c_int64
     lib.JaxparChannelClose.argtypes = [ctypes.c_int64]
     return lib
@@ -84,6 +92,20 @@ class Channel:
         self._lib.JaxparChannelClose(self.id)
 
 
+class Connection:
+    """A TCP connection to another process: receives read its socket; sends go into its
+    outbox in p2p.cc, whose thread writes them out (on a duplicate of the descriptor, closed
+    by that thread once the outbox is closed: when the last holder lets this go)."""
+
+    def __init__(self, sock: socket.socket):
+        lib = _library()
+        self.socket = sock
+        self.outbox = lib.JaxparOutboxOpen(sock.fileno())
+        if self.outbox < 0:
+            raise OSError(-self.outbox, "p2p: could not duplicate the connection's descriptor")
+        self._closed = weakref.finalize(self, lib.JaxparOutboxClose, self.outbox)
+
+
 class Ends:
     """One end of an in-process link: the channel it sends on and the one it receives on."""
 
@@ -92,35 +114,47 @@ class Ends:
 
 
 class Links:
-    """Open links to some peers (a socket to another process, or an in-process `Ends`), used
-    inside jitted functions (closed with them, when the strategy holding them goes)."""
+    """Open links to some peers (a socket connected to another process, or an in-process
+    `Ends`), used inside jitted functions (closed with them, when the strategy holding them
+    goes)."""
 
-    def __init__(self, sockets: dict[int, socket.socket | Ends]):
-        self.sockets = sockets  # kept open while programs that name their descriptors live
+    def __init__(self, ends: dict[int, socket.socket | Connection | Ends]):
+        # kept open while programs that name their descriptors, outboxes and channels live
+        self.ends = {peer: Connection(e) if isinstance(e, socket.socket) else e for peer, e in ends.items()}
 
     def renamed(self, names: dict) -> Links:
         """The same connections keyed by `names`' keys (name -> the peer it was keyed by)."""
-        return Links({name: self.sockets[peer] for name, peer in names.items()})
+        return Links({name: self.ends[peer] for name, peer in names.items()})
 
     def send(self, x: jax.Array, peer: int, after: jax.Array | None = None) -> jax.Array:
         """Inside jit: `x` to `peer`, once `after` is computed (sends in a program go in the
         order their `after`s chain them); a float32 zero once sent (tie later work to it)."""
         done = jax.ShapeDtypeStruct((), jnp.float32)
         after = jnp.zeros((), jnp.float32) if after is None else after
-        end = self.sockets[peer]
+        end = self.ends[peer]
         if isinstance(end, Ends):
             return jax.ffi.ffi_call(_CHAN_SEND, done, has_side_effect=True)(
                 x, after, channel=np.int64(end.out.id))
-        return jax.ffi.ffi_call(_SEND, done, has_side_effect=True)(x, after, fd=np.int64(end.fileno()))
+        return jax.ffi.ffi_call(_SEND, done, has_side_effect=True)(x, after, outbox=np.int64(end.outbox))
 
     def receive(self, spec, peer: int, after: jax.Array) -> jax.Array:
         """Inside jit: the next message from process `peer`, of `spec`'s shape and dtype,
         read once `after` is computed."""
-        out, end = jax.ShapeDtypeStruct(spec.shape, spec.dtype), self.sockets[peer]
+        out, end = jax.ShapeDtypeStruct(spec.shape, spec.dtype), self.ends[peer]
         if isinstance(end, Ends):
             return jax.ffi.ffi_call(_CHAN_RECV, out, has_side_effect=True)(
                 after, channel=np.int64(end.into.id), timeout_s=np.int64(TIMEOUT_S))
-        return jax.ffi.ffi_call(_RECV, out, has_side_effect=True)(after, fd=np.int64(end.fileno()))
+        return jax.ffi.ffi_call(_RECV, out, has_side_effect=True)(after, fd=np.int64(end.socket.fileno()))
+
+    def flush(self, after: jax.Array) -> jax.Array:
+        """Inside jit: a float32 zero once every connection's messages sent before `after`
+        are written out (the thread running it waits; channels have nothing to write)."""
+        done = jnp.zeros((), jnp.float32)
+        for end in self.ends.values():
+            if isinstance(end, Connection):
+                done = done + jax.ffi.ffi_call(_FLUSH, jax.ShapeDtypeStruct((), jnp.float32), has_side_effect=True)(
+                    after, outbox=np.int64(end.outbox), timeout_s=np.int64(TIMEOUT_S))
+        return done
 
 
 def connect(peers) -> Links:

@@ -13,7 +13,13 @@ wait (and whose waiting receives hold no thread of XLA's pool), so each row's sl
 before they receive (`column.walk_devices`: any directions,
 GEMS's replicas flow opposite ways); all devices' programs are dispatched before any is
 waited on, and run at once, each on its device's thread. Across processes (one stage each,
-no replicas) they are TCP connections in `column.walk`'s rendezvous-safe order. The stage
+no replicas) they are TCP connections walked in `column.walk`'s order, except that the last
+stage sends each micro-batch's gradient from the forward slot that computes it, not from its
+backward slot: its sends never wait (`p2p`'s outboxes), and over a link the gradients then
+flow back while the activations still come, the link's two directions at once (CNN, GPipe,
+2 emulated hosts, a step: 422 against 656 ms at 100 Mbit/s, 41 against 63 at 1 Gbit/s, 29
+against 42 unlimited, when they left from the backward slots, after every activation); each
+program ends once its messages are written out (`Links.flush`). The stage
 functions are the host walk's own (`HostPipeline._train_forward`, `_backward`, `_last`,
 `_update`), so both give the same step; `gradients`, `eval_step` and the measured timeline
 keep the host walk.
@@ -134,7 +140,8 @@ class RankStep:
 
     def _step(self, d, params, opts, stats, images, labels, weights, rows):
         p, S, links = self.p, self.p.S, self.links[d]
-        copies = {r: _Copy(p, r, s, params[r], stats[r], images[r], labels[r], weights[r])
+        copies = {r: _Copy(p, r, s, params[r], stats[r], images[r], labels[r], weights[r],
+                           early_gradients=processes.many())
                   for r, s, _ in self._copies(d)}
         if processes.many():  # one stage per process, no replicas: sockets, rendezvous-safe
             def receive(kind, sender, order):
@@ -149,6 +156,7 @@ class RankStep:
                 links.send)
         order = self._combine(d, copies, order)
         out = [p._update(params[r], opts[r], c.acc, c.z) for r, c in copies.items()]
+        links.flush(after=column.tie(order, out))  # after the update: its wait holds a thread
         held_sums = [c.sums for c in copies.values() if c.r == 0 and c.s == S - 1]
         return (tuple(o[0] for o in out), tuple(o[1] for o in out), tuple(o[2] for o in out),
                 held_sums[0] if held_sums else None)
@@ -216,8 +224,11 @@ class _Copy:
     """One stage copy's part of its device's program: its state, what it accumulates, and
     what its forwards keep for its backwards."""
 
-    def __init__(self, p, r, s, params, stats, image, label, weight):
+    def __init__(self, p, r, s, params, stats, image, label, weight, early_gradients=False):
         self.p, self.r, self.s, self.params, self.stats = p, r, s, params, stats
+        # the last stage's gradients sent from its forward slots (sends that never wait), not
+        # from the backward slots `column.walk_devices` routes them by
+        self.early = early_gradients and s == p.S - 1
         self.acc, self.z, self.sums = p._zeros(s, params, stats)
         self.images = p._split_images(r, image) if s == 0 else None
         self.labels, self.weights, self.denom = (p._split_labels(r, label, weight) if s == p.S - 1
@@ -241,9 +252,10 @@ class _Copy:
                 self.z, self.sums)
             # tied to the accumulated gradients too, else XLA sums them all at the end and
             # holds every micro-batch's parameter gradients until then
-            return {}, column.tie(order, (self.to_send[m], self.acc))
+            order = column.tie(order, (self.to_send[m], self.acc))
+            return ({"B": self.to_send.pop(m)} if self.early else {}), order
         if s == S - 1:  # its backward slot only sends what its forward slot computed
-            return {"B": self.to_send.pop(m)}, order
+            return ({} if self.early else {"B": self.to_send.pop(m)}), order
         g = column.after(arrived, order)
         if p.remat:
             # the input made to wait for this slot: the recomputed forward is then not the
