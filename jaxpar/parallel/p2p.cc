@@ -114,19 +114,36 @@ static std::shared_ptr<Outbox> FindOutbox(int64_t id) {
   return it == outboxes.end() ? nullptr : it->second;
 }
 
-// Send(x, order) -> 0.0f: x's bytes into the connection's outbox, at once (its thread writes
-// them); `order` (unused) makes the call wait for what the caller computed before it, the
-// result lets the caller order later work after it.
+// Send(x, order) -> 0.0f, at once: x's bytes written straight into the socket as far as its
+// buffer takes them without waiting (nothing queued before them), the rest into the
+// connection's outbox for its thread to write. Writing here first spares the usual message,
+// which the buffer holds whole, a copy and a hand-over to another thread (with a core per
+// rank, that thread waited for a core while the message was on the critical path). `order`
+// (unused) makes the call wait for what the caller computed before it, the result lets the
+// caller order later work after it.
 static ffi::Error Send(ffi::AnyBuffer x, ffi::AnyBuffer order, ffi::Result<ffi::BufferR0<ffi::F32>> done,
                        int64_t outbox) {
   auto box = FindOutbox(outbox);
   if (!box) return ffi::Error::Internal("jaxpar p2p: a send on a closed connection");
   const char* p = static_cast<const char*>(x.untyped_data());
+  size_t n = x.size_bytes();
   *done->typed_data() = 0.0f;
   std::lock_guard<std::mutex> lock(box->mu);
   if (!box->error.empty()) return ffi::Error::Internal(box->error);
-  box->queue.emplace_back(p, p + x.size_bytes());
-  box->changed.notify_all();
+  while (n > 0 && box->queue.empty() && !box->writing) {
+    ssize_t w = ::send(box->fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;  // the buffer is full: the thread goes on
+      box->error = Why("send", errno);
+      return ffi::Error::Internal(box->error);
+    }
+    p += w; n -= static_cast<size_t>(w);
+  }
+  if (n > 0) {
+    box->queue.emplace_back(p, p + n);
+    box->changed.notify_all();
+  }
   return ffi::Error::Success();
 }
 

@@ -7,8 +7,9 @@ docs/studies.md), and the step stayed at 1.2x one rank. Here each stage's whole 
 program (`rank_step`; a process's, or one of several a process runs at once on its devices),
 which sends each activation or gradient over a TCP connection (within a process, an in-memory
 channel) and reads the next one itself: XLA FFI custom calls (p2p.cc), as mpi4jax's are for
-MPI, without MPI. A send never waits for its receiver: it copies the message into the
-connection's outbox, which a thread of its own writes out (a channel: into its queue), so a
+MPI, without MPI. A send never waits for its receiver: it writes what the socket's buffer
+takes at once and leaves the rest in the connection's outbox, which a thread of its own
+writes out (a channel: copies it into its queue), so a
 pipeline's last stage can send each gradient as soon as it has it, while activations still
 come the other way (a link carries both directions at once); `flush` waits until the outbox
 is written out, so a step's messages leave within the step. They are built by the C++ compiler the first time they are needed (a few
