@@ -31,6 +31,25 @@ static std::string Why(const char* what, int error) {
   return std::string("jaxpar p2p: ") + what + " failed: " + std::strerror(error);
 }
 
+// The entry of a registry (outboxes, channels: id -> state, under its mutex), or null; Take
+// also removes it.
+template <typename T>
+static std::shared_ptr<T> Lookup(std::mutex& mu, std::map<int64_t, std::shared_ptr<T>>& registry, int64_t id) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = registry.find(id);
+  return it == registry.end() ? nullptr : it->second;
+}
+
+template <typename T>
+static std::shared_ptr<T> Take(std::mutex& mu, std::map<int64_t, std::shared_ptr<T>>& registry, int64_t id) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = registry.find(id);
+  if (it == registry.end()) return nullptr;
+  std::shared_ptr<T> taken = it->second;
+  registry.erase(it);
+  return taken;
+}
+
 // A connection's outbox: messages sent and not yet written, written in order by a thread of
 // its own on a duplicate of the socket's descriptor (so closing the socket in Python never
 // leaves it writing to a reused descriptor number). The first failed write is kept and
@@ -95,23 +114,11 @@ extern "C" int64_t JaxparOutboxOpen(int fd) {
 // Closes an outbox: its thread writes what is queued (each write bounded by SO_SNDTIMEO), then
 // closes its descriptor and ends.
 extern "C" void JaxparOutboxClose(int64_t id) {
-  std::shared_ptr<Outbox> box;
-  {
-    std::lock_guard<std::mutex> lock(outboxes_mu);
-    auto it = outboxes.find(id);
-    if (it == outboxes.end()) return;
-    box = it->second;
-    outboxes.erase(it);
-  }
+  auto box = Take(outboxes_mu, outboxes, id);
+  if (!box) return;
   std::lock_guard<std::mutex> lock(box->mu);
   box->closing = true;
   box->changed.notify_all();
-}
-
-static std::shared_ptr<Outbox> FindOutbox(int64_t id) {
-  std::lock_guard<std::mutex> lock(outboxes_mu);
-  auto it = outboxes.find(id);
-  return it == outboxes.end() ? nullptr : it->second;
 }
 
 // Send(x, order) -> 0.0f, at once: x's bytes written straight into the socket as far as its
@@ -123,7 +130,7 @@ static std::shared_ptr<Outbox> FindOutbox(int64_t id) {
 // caller order later work after it.
 static ffi::Error Send(ffi::AnyBuffer x, ffi::AnyBuffer order, ffi::Result<ffi::BufferR0<ffi::F32>> done,
                        int64_t outbox) {
-  auto box = FindOutbox(outbox);
+  auto box = Lookup(outboxes_mu, outboxes, outbox);
   if (!box) return ffi::Error::Internal("jaxpar p2p: a send on a closed connection");
   const char* p = static_cast<const char*>(x.untyped_data());
   size_t n = x.size_bytes();
@@ -151,7 +158,7 @@ static ffi::Error Send(ffi::AnyBuffer x, ffi::AnyBuffer order, ffi::Result<ffi::
 // all but what the kernel's buffers hold), or fails: a failed write, or timeout_s seconds.
 static ffi::Error Flush(ffi::AnyBuffer order, ffi::Result<ffi::BufferR0<ffi::F32>> done, int64_t outbox,
                         int64_t timeout_s) {
-  auto box = FindOutbox(outbox);
+  auto box = Lookup(outboxes_mu, outboxes, outbox);
   if (!box) return ffi::Error::Internal("jaxpar p2p: a flush on a closed connection");
   *done->typed_data() = 0.0f;
   std::unique_lock<std::mutex> lock(box->mu);
@@ -255,21 +262,9 @@ extern "C" int64_t JaxparChannelOpen() {
 }
 
 extern "C" void JaxparChannelClose(int64_t id) {
-  std::shared_ptr<Channel> c;
-  {
-    std::lock_guard<std::mutex> lock(channels_mu);
-    auto it = channels.find(id);
-    if (it == channels.end()) return;
-    c = it->second;
-    channels.erase(it);
-  }
+  auto c = Take(channels_mu, channels, id);
+  if (!c) return;
   FailWaiting(*c, true, "jaxpar p2p: a receive on a channel closed while it waited");
-}
-
-static std::shared_ptr<Channel> Find(int64_t id) {
-  std::lock_guard<std::mutex> lock(channels_mu);
-  auto it = channels.find(id);
-  return it == channels.end() ? nullptr : it->second;
 }
 
 // ChanSend(x, order) -> 0.0f: x's bytes straight into a waiting receive's result (completed
@@ -277,7 +272,7 @@ static std::shared_ptr<Channel> Find(int64_t id) {
 // into the channel's queue. Returns at once either way.
 static ffi::Error ChanSend(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer order,
                            ffi::Result<ffi::BufferR0<ffi::F32>> done, int64_t channel) {
-  auto c = Find(channel);
+  auto c = Lookup(channels_mu, channels, channel);
   if (!c) return ffi::Error::Internal("jaxpar p2p: a send on a closed channel");
   const char* p = static_cast<const char*>(x.untyped_data());
   *done->typed_data() = 0.0f;
@@ -301,7 +296,7 @@ static ffi::Future ChanRecv(ffi::AnyBuffer order, ffi::Result<ffi::AnyBuffer> ou
                             int64_t timeout_s) {
   ffi::Promise promise;
   ffi::Future future(promise);
-  auto c = Find(channel);
+  auto c = Lookup(channels_mu, channels, channel);
   if (!c) {
     promise.SetError(ffi::Error::Internal("jaxpar p2p: a receive on a closed channel"));
     return future;
