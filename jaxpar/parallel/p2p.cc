@@ -67,11 +67,14 @@ static std::mutex& outboxes_mu = *new std::mutex;
 static std::map<int64_t, std::shared_ptr<Outbox>>& outboxes = *new std::map<int64_t, std::shared_ptr<Outbox>>;
 static int64_t next_outbox = 1;
 
-static std::string WriteAll(int fd, const char* p, size_t n) {
+// Writes [p, p + n) to the socket, advancing p and n: all of it (`wait`: blocking, up to
+// SO_SNDTIMEO), or what its buffer takes now. "" or why it failed.
+static std::string Write(int fd, const char*& p, size_t& n, bool wait) {
   while (n > 0) {
-    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL | (wait ? 0 : MSG_DONTWAIT));
     if (w < 0) {
       if (errno == EINTR) continue;
+      if (!wait && (errno == EAGAIN || errno == EWOULDBLOCK)) return "";  // the buffer is full
       return Why("send", errno);
     }
     p += w; n -= static_cast<size_t>(w);
@@ -90,7 +93,9 @@ static void Drain(std::shared_ptr<Outbox> box) {
     bool failed = !box->error.empty();  // after a failure the rest is dropped, not written
     box->writing = true;
     lock.unlock();
-    std::string why = failed ? "" : WriteAll(box->fd, message.data(), message.size());
+    const char* p = message.data();
+    size_t n = message.size();
+    std::string why = failed ? "" : Write(box->fd, p, n, true);
     lock.lock();
     box->writing = false;
     if (!why.empty()) box->error = why;
@@ -137,17 +142,11 @@ static ffi::Error Send(ffi::AnyBuffer x, ffi::AnyBuffer order, ffi::Result<ffi::
   *done->typed_data() = 0.0f;
   std::lock_guard<std::mutex> lock(box->mu);
   if (!box->error.empty()) return ffi::Error::Internal(box->error);
-  while (n > 0 && box->queue.empty() && !box->writing) {
-    ssize_t w = ::send(box->fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;  // the buffer is full: the thread goes on
-      box->error = Why("send", errno);
-      return ffi::Error::Internal(box->error);
-    }
-    p += w; n -= static_cast<size_t>(w);
+  if (box->queue.empty() && !box->writing) {  // nothing before it: straight into the socket
+    box->error = Write(box->fd, p, n, false);
+    if (!box->error.empty()) return ffi::Error::Internal(box->error);
   }
-  if (n > 0) {
+  if (n > 0) {  // what the buffer did not take: the thread writes it
     box->queue.emplace_back(p, p + n);
     box->changed.notify_all();
   }

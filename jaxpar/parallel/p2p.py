@@ -9,11 +9,12 @@ which sends each activation or gradient over a TCP connection (within a process,
 channel) and reads the next one itself: XLA FFI custom calls (p2p.cc), as mpi4jax's are for
 MPI, without MPI. A send never waits for its receiver: it writes what the socket's buffer
 takes at once and leaves the rest in the connection's outbox, which a thread of its own
-writes out (a channel: copies it into its queue), so a
-pipeline's last stage can send each gradient as soon as it has it, while activations still
-come the other way (a link carries both directions at once); `flush` waits until the outbox
-is written out, so a step's messages leave within the step. They are built by the C++ compiler the first time they are needed (a few
-seconds; cached under $JAXPAR_CACHE or ~/.cache/jaxpar, per source and jaxlib version);
+writes out (a channel: copies it into its queue), so a pipeline's last stage can send each
+gradient as soon as it has it, while activations still come the other way (a link carries
+both directions at once); `flush` waits until the outbox is written out, so a step's
+messages leave within the step. They are built by the C++ compiler the first time they are
+needed (a few seconds; cached under $JAXPAR_CACHE or ~/.cache/jaxpar, per source and jaxlib
+version);
 without a compiler `unavailable()` says why and pipelines keep the host walk (`transfers`).
 
     links = p2p.connect({s - 1, s + 1})                # every process at the same point
@@ -25,8 +26,8 @@ without a compiler `unavailable()` says why and pipelines keep the host walk (`t
 
 Every wait is bounded: connecting by `CONNECT_TIMEOUT_S`, each write and receive by the
 sockets' `TIMEOUT_S` (SO_SNDTIMEO / SO_RCVTIMEO), a channel's receive and a flush by the
-same, after which the program fails with a message naming the peer's silence. A rank that dies is
-normally ended sooner by jax.distributed's heartbeat and the launcher.
+same, after which the program fails with a message naming the peer's silence. A rank that
+dies is normally ended sooner by jax.distributed's heartbeat and the launcher.
 """
 
 from __future__ import annotations
@@ -153,7 +154,8 @@ class Links:
         done = jnp.zeros((), jnp.float32)
         for end in self.ends.values():
             if isinstance(end, Connection):
-                done = done + jax.ffi.ffi_call(_FLUSH, jax.ShapeDtypeStruct((), jnp.float32), has_side_effect=True)(
+                done = done + jax.ffi.ffi_call(_FLUSH, jax.ShapeDtypeStruct((), jnp.float32),
+                                               has_side_effect=True)(
                     after, outbox=np.int64(end.outbox), timeout_s=np.int64(TIMEOUT_S))
         return done
 

@@ -143,7 +143,7 @@ class RankStep:
         copies = {r: _Copy(p, r, s, params[r], stats[r], images[r], labels[r], weights[r],
                            early_gradients=processes.many())
                   for r, s, _ in self._copies(d)}
-        if processes.many():  # one stage per process, no replicas: sockets, rendezvous-safe
+        if processes.many():  # one stage per process, no replicas: sockets, column.walk's order
             def receive(kind, sender, order):
                 return links.receive(self._arriving(sender if kind == "F" else d, rows), sender, order)
 
