@@ -99,7 +99,7 @@ def run(config: BoundsConfig) -> list[Path]:
     rows, single = [], {}
     for (n, label, p, limit), measured in zip(planned, per_point):
         result, steps = measured[0], [r.metrics["step_time_ms_median"] for r in measured]
-        m, desc = result.metrics, result.strategy
+        desc = result.strategy
         ms = statistics.median(steps)
         single.setdefault(n, ms)
         ratio = ms / single[n]

@@ -22,6 +22,7 @@ from experiments import cluster
 from jaxpar.models import param_count
 from jaxpar.train import build_model
 from jaxpar.errors import ConfigError, UserError
+from cross_host import CROSS_HOST, WHY_NO_HOSTS
 from test_mpi_launch import MPIEXEC, ROOT, _rank_pid, mpi_env
 
 
@@ -31,16 +32,7 @@ def _one_machine_wide_file_at_a_time(machine_wide):
     """One emulated cluster / SLURM at a time (`conftest.machine_wide`)."""
 
 
-def _namespaces_work() -> str | None:
-    """Why emulated hosts cannot be made here, or None."""
-    if (why := cluster.missing()) is not None:
-        return why
-    probe = subprocess.run(["unshare", "--net", "--uts", "true"], capture_output=True, text=True)
-    return None if probe.returncode == 0 else f"cannot make namespaces: {probe.stderr.strip()}"
-
-
-WHY_NOT = _namespaces_work()
-needs_root = pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))
+needs_root = pytest.mark.skipif(WHY_NO_HOSTS is not None, reason=str(WHY_NO_HOSTS))
 needs_mpi = pytest.mark.skipif(not MPIEXEC.exists(), reason="needs the `mpi` extra (make test installs it)")
 
 
@@ -153,17 +145,6 @@ def test_a_link_carries_its_rate(hosts):
     seconds = float(sender.stdout)
     assert 0.9 * size * 8 / rate < seconds < 10 * size * 8 / rate  # at the rate, headers aside
     assert _counter(hosts["hosts"][0], "tx_bytes") - sent_before >= size
-
-
-CROSS_HOST = ["tests/mpi/test_jax_distributed.py::test_world_size_is_what_was_launched",
-              "tests/mpi/test_jax_distributed.py::test_ranks_are_on_the_hosts_launched",
-              "tests/mpi/test_mpi_common.py::test_equivalent_to_single",  # every MPI strategy
-              # the data-parallel ones on one jax.distributed mesh (dp-auto, dp-shard-map,
-              # fsdp, local-sgd), then tensor, tensor-auto, both pipeline schedules, hybrid,
-              # layer-split, dp-pmap and mpi-pipeline's two schedules
-              "tests/mpi/test_jax_distributed.py::test_equivalent_to_single",
-              "tests/mpi/test_model_parallel.py::test_equivalent_to_single",
-              "tests/mpi/test_wire_bytes.py"]  # bytes on the wire per step = theory
 
 
 @needs_root

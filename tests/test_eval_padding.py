@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import equivalence as eq
-from conftest import requires_devices
+from conftest import TEST_XLA_FLAGS, requires_devices
 from jaxpar import data as datalib
 from jaxpar.optim import make_optimizer
 from jaxpar.results import load
@@ -57,7 +57,7 @@ def test_default_eval_batch_evaluates_like_single_on_any_mesh(strategy, mesh, de
                     reason="needs the `mpi` extra in this venv (make test installs it)")
 def test_three_mpi_ranks_with_the_default_eval_batch_equal_single(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = TEST_XLA_FLAGS
     args = ["--dataset", "synthetic", "--synthetic-size", "2000", "--val-size", "500", "--model",
             "mlp", "--width", "32", "--depth", "1", "--batch-size", "96", "--steps", "4",
             "--optimizer", "sgd", "--lr", "0.1", "--lr-schedule", "constant", "--no-progress"]

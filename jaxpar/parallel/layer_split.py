@@ -22,7 +22,7 @@ from __future__ import annotations
 from jaxpar import cost_strategies
 from jaxpar.mesh import STAGE
 from jaxpar.parallel import partition
-from jaxpar.parallel.host_pipeline import HostPipeline, pick  # noqa: F401  (pick: mpi-pipeline's)
+from jaxpar.parallel.host_pipeline import HostPipeline
 
 
 class LayerSplit(HostPipeline):

@@ -43,7 +43,7 @@ from jaxpar import data as datalib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE
 from jaxpar.parallel import column, finer, layout, mpi_common, partition, schedules
-from jaxpar.parallel.layer_split import pick
+from jaxpar.parallel.host_pipeline import pick
 from jaxpar.parallel.stages import leaves, nest
 
 SUMS_BYTES = 4 * len(steplib.SUMS)  # the f32 metric sums broadcast from the last rank
