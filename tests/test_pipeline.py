@@ -75,15 +75,16 @@ def test_seed_models_equal_single(schedule, model, stages, boundaries, impl):
 def test_resnet_with_one_microbatch_equals_single_batch_norm_included(impl):
     """One micro-batch normalises over the whole batch, as `single` does.
 
-    The ResNet's batch-norm biases that feed another batch norm have gradients that nearly
-    cancel (rounding noise, ~1e-3 of the tree's norm), so after 5 steps two programs with
-    different kernels can fall into rounding clusters ~2e-4 apart on those leaves while their
-    step-1 gradients agree to ~2e-6. Which pairs cluster together depends on the convolution
-    kernels: on XLA's multi-threaded (Eigen) convolutions, measured, single and the pipeline
-    agree to 7e-8 with the default CPU forms and sit 1.8e-4 apart with lax's pooling and stem
-    (`conv_impl="xla"`, 5e-8 after 3 steps); on YNNPACK's convolutions it was the reverse."""
+    Two steps, so that the second gradient is taken at the first update's parameters and
+    batch-norm statistics. Not more: the ResNet's batch-norm biases that feed another batch
+    norm have gradients that nearly cancel (rounding noise, ~1e-3 of the tree's norm), so a few
+    steps on, two programs with different kernels fall into rounding clusters up to ~2e-3 apart
+    on those leaves while their first gradients agree to ~2e-6. Which pairs cluster depends on
+    the kernels, not on the strategy (measured with the suite's compile flags, worst leaf after
+    2, 3, 5 steps: the SPMD pipeline 7e-7, 7e-7, 2e-3; one program per stage 6e-7, 3e-5, 7e-7;
+    with XLA's default flags both passed at 5 steps)."""
     cfg = pc.config("resnet", strategy="pipeline", mesh="stage=2", microbatches=1, pipeline_impl=impl)
-    pc.assert_equivalent(eq.run(pc.config("resnet")), eq.run(cfg, steps=5, devices=2))
+    pc.assert_equivalent(eq.run(pc.config("resnet"), steps=2), eq.run(cfg, steps=2, devices=2))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
