@@ -23,11 +23,12 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # The suite compiles far more than it runs (small models, a few steps each), so it builds its
 # programs the quick way: XLA:CPU's elemental emitters instead of its MLIR fusion emitters, and
 # LLVM at optimisation level 0 (measured on 2 cores: test_layer_split, test_gems and test_hybrid
-# 2:04 with the level alone, 1:12 with both; the whole suite 21:55 -> 16:10 with the level
-# alone). Results move only by rounding, and every comparison is between programs built alike:
-# subprocesses inherit XLA_FLAGS, and the MPI launches that replace it pass TEST_XLA_FLAGS.
-# Benchmarks and studies keep XLA's defaults. XLA aborts on a flag it does not know, so a
-# jaxlib without the emitters' switch is asked first (once: subprocesses inherit the answer).
+# 2:04 with the level alone, 1:12 with both; the whole suite 21:55 -> 16:10 -> 10:22). Results
+# move only by rounding, and every comparison is between programs built alike: subprocesses
+# inherit XLA_FLAGS, and the MPI launches that replace it pass TEST_XLA_FLAGS. Benchmarks and
+# studies keep XLA's defaults, as do the commands tests/test_install_light.py runs (a bench step
+# and the machine command, compiled the default way). XLA aborts on a flag it does not know, so
+# a jaxlib without the emitters' switch is asked first (once: subprocesses inherit the answer).
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 ELEMENTAL_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 
