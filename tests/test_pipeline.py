@@ -41,9 +41,9 @@ def test_stack_mlp_equals_single(schedule, stages, micro, impl):
     eq.assert_equivalent(reference("stack-mlp"), eq.run(cfg, steps=5, devices=stages))
 
 
-# The SPMD form on one schedule (CI time; the stack-mlp and seed models cover both)
-@pytest.mark.parametrize("schedule,stages,impl", [("gpipe", 2, "mpmd"), ("1f1b", 2, "mpmd"),
-                                                  ("1f1b", 4, "mpmd"), ("1f1b", 2, "spmd")])
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages", [2, 4])
 def test_vit_equals_single(schedule, stages, impl):
     cfg = eq.config(strategy="pipeline", mesh=f"stage={stages}", microbatches=4, schedule=schedule,
                     pipeline_impl=impl, **VIT)
@@ -52,15 +52,12 @@ def test_vit_equals_single(schedule, stages, impl):
 
 SEED_CUTS = [("mlp", 2, None), ("mlp", 4, None), ("cnn", 2, None), ("cnn", 4, None),
              ("resnet", 2, None), ("resnet", 4, None), ("cnn", 2, (1,)), ("resnet", 3, (2, 3))]
-# The SPMD program on a subset (one cut per model, the heterogeneous ones): its conv stages run
-# on XLA:CPU's slow conditional path, and every cut runs in the host-driven form.
-SPMD_CUTS = [("mlp", 2, None), ("cnn", 2, (1,)), ("resnet", 3, (2, 3))]
 
 
 @requires_devices(4)
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-@pytest.mark.parametrize("model,stages,boundaries,impl",
-                         [(*c, "mpmd") for c in SEED_CUTS] + [(*c, "spmd") for c in SPMD_CUTS])
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("model,stages,boundaries", SEED_CUTS)
 def test_seed_models_equal_single(schedule, model, stages, boundaries, impl):
     cfg = pc.config(model, strategy="pipeline", mesh=f"stage={stages}", microbatches=4,
                     schedule=schedule, stage_boundaries=boundaries, pipeline_impl=impl)
