@@ -4,7 +4,6 @@ metrics equal `single`'s."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -16,14 +15,14 @@ import numpy as np
 import pytest
 
 import equivalence as eq
-from conftest import TEST_XLA_FLAGS, requires_devices
+from conftest import requires_devices
 from jaxpar import data as datalib
 from jaxpar.optim import make_optimizer
 from jaxpar.results import load
 from jaxpar.train import build_model, evaluate, make_strategy
+from test_mpi_launch import MPIEXEC, mpi_env
 
 ROOT = Path(__file__).resolve().parent.parent
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
 
 
 def evaluated(cfg, devices: int) -> dict[str, float]:
@@ -56,8 +55,7 @@ def test_default_eval_batch_evaluates_like_single_on_any_mesh(strategy, mesh, de
 @pytest.mark.skipif(not MPIEXEC.exists() or shutil.which("timeout") is None,
                     reason="needs the `mpi` extra in this venv (make test installs it)")
 def test_three_mpi_ranks_with_the_default_eval_batch_equal_single(tmp_path):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    env["XLA_FLAGS"] = TEST_XLA_FLAGS
+    env = mpi_env()
     args = ["--dataset", "synthetic", "--synthetic-size", "2000", "--val-size", "500", "--model",
             "mlp", "--width", "32", "--depth", "1", "--batch-size", "96", "--steps", "4",
             "--optimizer", "sgd", "--lr", "0.1", "--lr-schedule", "constant", "--no-progress"]

@@ -72,8 +72,7 @@ def test_a_launch_of_a_one_process_strategy_is_refused_naming_those_that_can(mon
 @pytest.mark.skipif(not MPIEXEC.exists() or shutil.which("timeout") is None,
                     reason="needs the `mpi` extra in this venv (make test installs it)")
 def test_failing_rank_ends_the_job_quickly():
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAXPAR_FAIL_RANK": "1", "PYTHONUNBUFFERED": "1"}
-    env["XLA_FLAGS"] = TEST_XLA_FLAGS
+    env = mpi_env(JAXPAR_FAIL_RANK="1")
     start = time.monotonic()
     proc = subprocess.run(
         ["timeout", "120", str(MPIEXEC), "-n", "2", sys.executable, "-m", "experiments", "train",
@@ -93,8 +92,7 @@ def test_checkpoint_resume_under_mpirun_is_bitwise(tmp_path):
     uninterrupted run ends, bit for bit."""
     from jaxpar import checkpoint
 
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    env["XLA_FLAGS"] = TEST_XLA_FLAGS
+    env = mpi_env()
 
     def launch(ckpt, *extra):
         args = ["--strategy", "dp-auto", "--dataset", "synthetic", "--synthetic-size", "4000",
@@ -122,8 +120,7 @@ def test_checkpoint_resume_under_mpirun_is_bitwise(tmp_path):
                     reason="needs the `mpi` extra in this venv (make test installs it)")
 @pytest.mark.parametrize("strategy", ["mpi-allreduce", "dp-auto"])
 def test_a_bad_option_is_reported_once_per_job(tmp_path, strategy):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    env["XLA_FLAGS"] = TEST_XLA_FLAGS
+    env = mpi_env()
     start = time.monotonic()
     proc = subprocess.run(
         ["timeout", "120", str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpi4py", "-m",
