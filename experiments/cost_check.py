@@ -21,20 +21,21 @@ import functools
 import statistics
 from pathlib import Path
 
-from experiments import cluster, sources
+from experiments import cluster, points, sources
 from experiments import predict as predictlib
 from jaxpar import cost, results
 from jaxpar.errors import ConfigError, ResultsError
 from jaxpar.parallel import STRATEGIES
 from jaxpar.profiling import model_key
 
-# (study, the results files under the data folder). A folder (peers' jaxpar rows, the bounds
-# study's points) holds rounds r*/result.json: the point is their median.
+# (study, the results files under the data folder). A point measured in rounds (the scaling
+# study's, peers' jaxpar rows, the bounds study's) holds r<k>/result.json: its step is their
+# median; the patterns match its folder or its first round's file.
 STUDIES = (
     ("strategies", "strategies/points/*/result.json"),
     ("strategies-cnn", "strategies_cnn/points/*/result.json"),
-    ("scaling", "scaling/*/*/result.json"),
-    ("scaling-ranks", "scaling/ranks/*/*/result.json"),
+    ("scaling", "scaling/*/*/r0/result.json"),
+    ("scaling-ranks", "scaling/ranks/*/*/r0/result.json"),
     ("pipeline", "pipeline/points/*/result.json"),
     ("time-to-accuracy", "time_to_accuracy/*/result.json"),
     ("peers", "peers/points/*/jaxpar-*"),
@@ -48,13 +49,17 @@ PROFILE = "cost/profile.json"
 
 
 def _measured(path: Path) -> tuple[results.RunResult, float]:
-    """A point's result and its measured step (ms); a folder of rounds (peers' jaxpar rows,
-    the bounds study's points): the median of its rounds, as those studies report them."""
-    if not path.is_dir():
-        r = results.load(path)
-        return r, r.metrics["step_time_ms_median"]
-    rounds = [results.load(p) for p in sorted(path.glob("r*/result.json"))]
+    """A point's result and its measured step (ms); a point measured in rounds (r<k>/: the
+    scaling study's, peers' jaxpar rows, the bounds study's): the median of its rounds, as
+    those studies report them."""
+    rounds = [results.load(f) for f in points.round_files(_point(path))]
     return rounds[0], statistics.median(r.metrics["step_time_ms_median"] for r in rounds)
+
+
+def _point(path: Path) -> Path:
+    """The point folder of a STUDIES match (a point folder, or a result file in one or in its
+    first round's folder)."""
+    return path if path.is_dir() else points.point_folder(path)
 
 
 def link_of(config: dict) -> cost.Link | None:
@@ -158,7 +163,7 @@ def _check_rows(data_dir: str, _stamp: int) -> list[dict]:
     rows = []
     for study, pattern in STUDIES:
         for path in sorted(Path(data_dir).glob(pattern)):
-            point = path if path.is_dir() else path.parent
+            point = _point(path)
             r, measured = _measured(path)
             p = r.config["parallel"]
             try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from jaxpar.validate import validate
 
 STOP_GRACE_S = 10  # after SIGTERM, before SIGKILL
 POINT_FILE = "point.json"
+ROUND = re.compile(r"r\d+")  # a round's folder inside its point's: r0, r1, ...
 
 
 class PointError(RuntimeError):
@@ -82,6 +84,27 @@ class Point:
         p = self.config.parallel
         where = f"{self.ranks} rank(s)" if self.ranks else f"{p.devices or 1} device(s)"
         return f"{self.folder}: {self.kind} {self.config.model.model} {p.strategy} on {where}"
+
+
+def in_rounds(planned: list[Point], rounds: int) -> list[Point]:
+    """`planned` measured `rounds` times over, each point's k-th round in FOLDER/r<k>: round
+    after round, each round's order rotated, so a slow spell of a shared machine falls on
+    different points each round (a point's step is then the median of its rounds)."""
+    shift = len(planned) // rounds if rounds else 0
+    return [dataclasses.replace(p, folder=f"{p.folder}/r{k}")
+            for k in range(rounds) for p in planned[k * shift:] + planned[:k * shift]]
+
+
+def point_folder(result_file: Path) -> Path:
+    """The point a result file belongs to: its folder, or the one above a round's (r<k>)."""
+    folder = result_file.parent
+    return folder.parent if ROUND.fullmatch(folder.name) else folder
+
+
+def round_files(folder: Path) -> list[Path]:
+    """The result files of a point folder: one per round (r<k>/result.json), or its own."""
+    found = [f for f in folder.glob(f"r*/{results.RESULT_FILE}") if ROUND.fullmatch(f.parent.name)]
+    return sorted(found, key=lambda f: int(f.parent.name[1:])) or [folder / results.RESULT_FILE]
 
 
 def mpiexec() -> Path:

@@ -6,10 +6,14 @@ count must be fixed before JAX starts.
     python -m experiments scaling --quick --out /tmp/scaling            # seconds
     python -m experiments scaling --ranks 1,2 --out figures/data/scaling  # MPI ranks beside
 
-Writes one bench result per point under OUT/<mode>/<model>-<strategy>-<devices>/ (rank points:
-see experiments/rank_scaling.py), each recording its mode (config["point"]["labels"]), and a
-markdown table OUT/summary.md. Simulated devices share the machine's cores: the table states
-the cores and threads behind every figure.
+Writes one bench result per point and round under OUT/<mode>/<model>-<strategy>-<devices>/r<k>/
+(rank points: see experiments/rank_scaling.py), each recording its mode
+(config["point"]["labels"]), and a markdown table OUT/summary.md. Every point is measured
+--rounds times, round after round (each round's order rotated), and its step is the median of
+its rounds: on this project's VM one configuration measured in two fresh processes minutes
+apart differs by up to 1.6x (the MLP's `single`, 5.6 and 3.4 ms in one run of this study),
+far more than the steps within one process do. Simulated devices share the machine's cores:
+the table states the cores and threads behind every figure.
 """
 
 from __future__ import annotations
@@ -49,14 +53,15 @@ class ScalingConfig:
     modes: tuple[str, ...] = option(MODES, "strong (fixed global batch) and/or weak (fixed batch per device or rank)")
     iters: int = options.iters()
     warmup: int = options.warmup()
+    rounds: int = option(3, "passes over every point, each in a fresh process, the order rotated each pass; a point's step is the median over them")
     timeout: int = options.timeout()
 
 
-# A tiny MLP on 1 and 2 devices (or ranks), strong scaling only, a few steps.
+# A tiny MLP on 1 and 2 devices (or ranks), strong scaling only, a few steps, one round.
 QUICK = dataclasses.replace(
     ScalingConfig(), models=("mlp",), width=64, depth=1, strategies=("dp-pmap", "dp-shard-map"),
     device_counts=(1, 2), rank_strategies=("mpi-allreduce",), modes=("strong",), iters=3,
-    warmup=1, timeout=120)
+    warmup=1, rounds=1, timeout=120)
 
 
 def plan(config: ScalingConfig) -> list[Point]:
@@ -64,7 +69,7 @@ def plan(config: ScalingConfig) -> list[Point]:
     bad = [m for m in config.modes if m not in MODES]
     if bad:
         raise ConfigError(f"--modes takes {' and/or '.join(MODES)}, got {', '.join(bad)}")
-    at_least(config, 1, "batch_size", "device_counts", "iters", "microbatches")
+    at_least(config, 1, "batch_size", "device_counts", "iters", "microbatches", "rounds")
     at_least(config, 0, "warmup")
     if config.ranks:
         rank_scaling.check(config.rank_strategies, config.ranks, config.models)
@@ -77,7 +82,7 @@ def plan(config: ScalingConfig) -> list[Point]:
                   for model in config.models
                   for strategy in ([REFERENCE] if r == 1 else config.rank_strategies)
                   if rank_scaling.takes(strategy, model)]
-    return found
+    return points.in_rounds(found, config.rounds)
 
 
 def point(config: ScalingConfig, mode: str, model: str, strategy: str, devices: int = 1,
@@ -99,7 +104,8 @@ def point(config: ScalingConfig, mode: str, model: str, strategy: str, devices: 
 
 
 def run(config: ScalingConfig) -> list[Path]:
-    """Every point (resuming a stopped study), then OUT/summary.md; returns the point folders."""
+    """Every point's rounds (resuming a stopped study), then OUT/summary.md; returns the
+    rounds' folders."""
     planned = plan(config)
     points.run(planned, config.out, config.timeout)
     out = Path(config.out)
@@ -125,11 +131,19 @@ def summary(folder: Path) -> str:
     if rows:
         env = rows[0]["env"]
         lines.append(f"\n{env['cpu_cores']} CPU cores shared by all simulated devices of a point; "
-                     f"threads: {env['threads']}; jax {env['jax']}; one process per point.")
+                     f"threads: {env['threads']}; jax {env['jax']}; {rounds_note(found)}.")
     ranks = rank_scaling.table(found)
     return "\n".join(lines) + "\n" + (f"\n{ranks}" if ranks else "")
 
 
+def rounds_note(found: list[dict]) -> str:
+    """How the points' steps were measured: one process per point and round."""
+    n = max((len(p["rounds_ms"]) for p in found), default=1)
+    return ("one process per point" if n == 1 else
+            f"each point the median of {n} rounds, one process per point and round, the rounds "
+            "one after another")
+
+
 STUDY = Study("scaling", "data-parallel strategies over device counts (or MPI ranks: --ranks), strong "
-                         "and weak scaling (one bench process per point); writes OUT/summary.md",
+                         "and weak scaling (one bench process per point and round); writes OUT/summary.md",
               ScalingConfig, QUICK, run)

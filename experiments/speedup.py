@@ -5,7 +5,9 @@
     rank_rows(points)     # R MPI processes, one pinned thread each
 
 Each point's result records its mode (config["point"]["labels"]["mode"], written by the
-study), never inferred from where the file lies. Two kinds of point live in one results folder:
+study), never inferred from where the file lies. A point measured in rounds (FOLDER/r<k>/) is
+one record: the round whose step is the median of the rounds' (for an even count, the faster
+of the middle two), with every round's ms/step in `rounds_ms`. Two kinds of point live in one results folder:
   - device points: one process, N simulated CPU devices, XLA's default threads (all cores);
     speed-up over `single` on 1 device of the same mode and model;
   - rank points (run with --single-thread): R processes, one thread each; speed-up over ONE
@@ -21,6 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from experiments.points import point_folder
 from jaxpar import results
 from jaxpar.errors import ResultsError
 from jaxpar.parallel import STRATEGIES
@@ -30,33 +33,42 @@ REFERENCE = next(name for name, cls in STRATEGIES.items() if cls.family == "refe
 
 
 def load_points(folder: str | Path) -> list[dict[str, Any]]:
-    """One flat record per bench result under `folder`, with the mode its point recorded."""
-    points = []
+    """One flat record per point under `folder` (its median round), with the mode it recorded."""
+    by_point: dict[Path, list[dict]] = {}
     for path in sorted(Path(folder).rglob(results.RESULT_FILE)):
-        r = results.load(path)
-        m, env = r.metrics, r.env
-        mode = recorded_mode(r, path)
-        points.append({
-            "mode": mode,
-            "model": r.config["model"]["model"],
-            # Baselines match on the whole model config (a tiny quick MLP is not the full one).
-            "group": (mode, json.dumps(r.config["model"], sort_keys=True)),
-            "strategy": r.strategy.get("strategy"),
-            "devices": env["device_count"],
-            "ranks": env.get("mpi_ranks", 1),
-            "single_thread": bool(r.config["parallel"].get("single_thread")),
-            "threads": env["threads"],
-            "cores": env["cpu_cores"],
-            "batch": r.config["data"]["batch_size"],
-            "ms": m["step_time_ms_median"],
-            "images_per_sec": m["images_per_sec"],
-            "comm_bytes": m["collective_bytes_per_step"],
-            "comm_theory": m.get("collective_bytes_theory", {}),
-            "comm_ms": m.get("comm_time_ms_median"),
-            "state_bytes": m["state_bytes_per_device"],
-            "env": env,
-        })
-    return points
+        by_point.setdefault(point_folder(path), []).append(_record(path))
+    found = []
+    for rounds in by_point.values():
+        rounds.sort(key=lambda p: p["ms"])
+        found.append({**rounds[(len(rounds) - 1) // 2], "rounds_ms": [p["ms"] for p in rounds]})
+    return found
+
+
+def _record(path: Path) -> dict[str, Any]:
+    """The flat record of one bench result file."""
+    r = results.load(path)
+    m, env = r.metrics, r.env
+    mode = recorded_mode(r, path)
+    return {
+        "mode": mode,
+        "model": r.config["model"]["model"],
+        # Baselines match on the whole model config (a tiny quick MLP is not the full one).
+        "group": (mode, json.dumps(r.config["model"], sort_keys=True)),
+        "strategy": r.strategy.get("strategy"),
+        "devices": env["device_count"],
+        "ranks": env.get("mpi_ranks", 1),
+        "single_thread": bool(r.config["parallel"].get("single_thread")),
+        "threads": env["threads"],
+        "cores": env["cpu_cores"],
+        "batch": r.config["data"]["batch_size"],
+        "ms": m["step_time_ms_median"],
+        "images_per_sec": m["images_per_sec"],
+        "comm_bytes": m["collective_bytes_per_step"],
+        "comm_theory": m.get("collective_bytes_theory", {}),
+        "comm_ms": m.get("comm_time_ms_median"),
+        "state_bytes": m["state_bytes_per_device"],
+        "env": env,
+    }
 
 
 def recorded_mode(result: results.RunResult, path: Path) -> str:

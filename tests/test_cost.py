@@ -265,7 +265,7 @@ def test_jax_distributed_processes_are_priced_on_their_own_collectives():
     ranks = [r for r in cost_check.check_rows(DATA) if r["study"] == "scaling-ranks"]
     assert ranks and all("error" in r for r in ranks)
     r = next(r for r in ranks if r["point"] == "scaling/ranks/strong/cnn-dp-auto-r2")
-    measured = results.load(DATA / r["point"] / "result.json")
+    measured = results.load(DATA / r["point"] / "r0/result.json")
     config, env = measured.config, measured.env
     slower = {**PROFILE, "distributed": {op: {n: {**fit, "points": [[b, 10 * t] for b, t in fit["points"]]}
                                               for n, fit in fits.items()}
@@ -373,7 +373,7 @@ def test_the_assumed_h100_is_checked_against_the_measured_one():
 def test_a_pipeline_is_priced_cut_where_it_was_cut():
     """The rank study's 2-rank `pipeline` cut inside conv2 (its result says so): priced so,
     its stages balanced as `mpi-pipeline`'s; cut after conv2 the first stage holds ~85%."""
-    result = json.loads((DATA / "scaling/ranks/strong/cnn-pipeline-r2/result.json").read_text())
+    result = json.loads((DATA / "scaling/ranks/strong/cnn-pipeline-r2/r0/result.json").read_text())
     assert result["strategy"]["cut_inside"]
     compute = predictlib.compute_source(PROFILE)("cnn")
     stages = {}

@@ -33,9 +33,9 @@ def _row(table: str, strategy: str, ranks: int) -> list[str]:
 @needs_mpi
 def test_quick_rank_scaling_records_the_world_and_ratios(tmp_path):
     assert run(["scaling", "--quick", "--ranks", "1,2", "--device-counts", "1", "--out", str(tmp_path)]) == 0
-    two = results.load(tmp_path / "ranks/strong/mlp-mpi-allreduce-r2")
-    one = results.load(tmp_path / "ranks/strong/mlp-single-r1")
-    best = results.load(tmp_path / "strong/mlp-single-1")  # the only single-process point here
+    two = results.load(tmp_path / "ranks/strong/mlp-mpi-allreduce-r2/r0")
+    one = results.load(tmp_path / "ranks/strong/mlp-single-r1/r0")
+    best = results.load(tmp_path / "strong/mlp-single-1/r0")  # the only single-process point here
     assert two.env["mpi_ranks"] == two.strategy["processes"] == 2
     assert one.env["mpi_ranks"] == 1
     assert two.env["threads_per_process"] == one.env["threads_per_process"] == 1
@@ -74,10 +74,10 @@ def test_quick_rank_study_takes_the_model_parallel_strategies(tmp_path):
     args = ["scaling", "--quick", "--ranks", "1,2", "--device-counts", "1", "--models", "stack-mlp",
             "--depth", "2", "--rank-strategies", "tensor,pipeline,mpi-pipeline", "--out", str(tmp_path)]
     assert run(args) == 0
-    one = results.load(tmp_path / "ranks/strong/stack-mlp-single-r1")
+    one = results.load(tmp_path / "ranks/strong/stack-mlp-single-r1/r0")
     table = (tmp_path / "summary.md").read_text()
     for name in ("tensor", "pipeline", "mpi-pipeline"):
-        r = results.load(tmp_path / f"ranks/strong/stack-mlp-{name}-r2")
+        r = results.load(tmp_path / f"ranks/strong/stack-mlp-{name}-r2/r0")
         m = r.metrics
         assert r.env["mpi_ranks"] == 2 and r.env["threads_per_process"] == 1
         assert m["images_per_sec"] > 0 and m["collective_bytes_theory"]["total"] > 0

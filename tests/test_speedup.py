@@ -11,11 +11,13 @@ from jaxpar import results
 from jaxpar.config import TrainConfig, to_dict, with_options
 
 
-def _point(root, mode, strategy, images_per_sec, devices=1, ranks=None, width=None):
-    """A bench result as the scaling study lays it out (only the fields the rows read)."""
+def _point(root, mode, strategy, images_per_sec, devices=1, ranks=None, width=None, round_=None):
+    """A bench result as the scaling study lays it out (only the fields the rows read); in
+    round `round_`'s folder when given."""
     root = root / f"width{width}" if width else root
     folder = root / (f"{mode}/mlp-{strategy}-{devices}" if ranks is None
                      else f"ranks/{mode}/mlp-{strategy}-r{ranks}")
+    folder = folder if round_ is None else folder / f"r{round_}"
     config = with_options(TrainConfig(), model="mlp", width=width, strategy=strategy,
                           single_thread=ranks is not None, out=str(folder))
     env = {"device_count": 1 if ranks else devices, "mpi_ranks": ranks or 1, "cpu_cores": 2,
@@ -71,3 +73,19 @@ def test_the_mode_comes_from_the_result_not_its_folder(tmp_path):
     results.save(unlabelled, tmp_path / "strong" / "mlp-single-1")
     with pytest.raises(results.ResultsError, match="does not record its scaling mode"):
         speedup.load_points(tmp_path)
+
+
+def test_a_point_measured_in_rounds_is_its_median_round(tmp_path):
+    """Three rounds of `single` (one slow), two of dp-auto: one record each, the median round
+    (of two, the faster), every round's ms/step beside it; speed-ups are the medians'."""
+    for k, ips in enumerate((1000, 400, 1100)):
+        _point(tmp_path, "strong", "single", ips, round_=k)
+    for k, ips in enumerate((1500, 1300)):
+        _point(tmp_path, "strong", "dp-auto", ips, devices=2, round_=k)
+    found = {p["strategy"]: p for p in speedup.load_points(tmp_path)}
+    assert len(found) == 2
+    assert found["single"]["images_per_sec"] == 1000
+    assert found["single"]["rounds_ms"] == sorted(128e3 / x for x in (1000, 400, 1100))
+    assert found["dp-auto"]["images_per_sec"] == 1500
+    (two,) = [r for r in speedup.device_rows(list(found.values())) if r["devices"] == 2]
+    assert two["speedup"] == pytest.approx(1.5)
