@@ -138,7 +138,7 @@ def summary(folder: Path) -> str:
 
 def rounds_note(found: list[dict]) -> str:
     """How the points' steps were measured: one process per point and round."""
-    n = max((len(p["rounds_ms"]) for p in found), default=1)
+    n = max((p["rounds"] for p in found), default=1)
     return ("one process per point" if n == 1 else
             f"each point the median of {n} rounds, one process per point and round, the rounds "
             "one after another")

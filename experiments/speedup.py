@@ -6,8 +6,11 @@
 
 Each point's result records its mode (config["point"]["labels"]["mode"], written by the
 study), never inferred from where the file lies. A point measured in rounds (FOLDER/r<k>/) is
-one record: the round whose step is the median of the rounds' (for an even count, the faster
-of the middle two), with every round's ms/step in `rounds_ms`. Two kinds of point live in one results folder:
+one record: the round whose step is the median of its configuration's rounds (for an even
+count, the faster of the middle two; the weak mode's `single` runs the strong mode's
+configuration, so both count its rounds of both), with its own count of rounds in `rounds`
+and every round of its configuration's ms/step in `rounds_ms`.
+Two kinds of point live in one results folder:
   - device points: one process, N simulated CPU devices, XLA's default threads (all cores);
     speed-up over `single` on 1 device of the same mode and model;
   - rank points (run with --single-thread): R processes, one thread each; speed-up over ONE
@@ -33,14 +36,21 @@ REFERENCE = next(name for name, cls in STRATEGIES.items() if cls.family == "refe
 
 
 def load_points(folder: str | Path) -> list[dict[str, Any]]:
-    """One flat record per point under `folder` (its median round), with the mode it recorded."""
+    """One flat record per point under `folder`, with the mode it recorded: the median of
+    every round of its configuration in the study (the strong and weak modes' `single` on one
+    device or rank is one configuration: its rounds in both modes count for both)."""
     by_point: dict[Path, list[dict]] = {}
+    by_config: dict[str, list[dict]] = {}
     for path in sorted(Path(folder).rglob(results.RESULT_FILE)):
-        by_point.setdefault(point_folder(path), []).append(_record(path))
+        record = _record(path)
+        by_point.setdefault(point_folder(path), []).append(record)
+        by_config.setdefault(record["config"], []).append(record)
     found = []
     for rounds in by_point.values():
-        rounds.sort(key=lambda p: p["ms"])
-        found.append({**rounds[(len(rounds) - 1) // 2], "rounds_ms": [p["ms"] for p in rounds]})
+        pooled = sorted(by_config[rounds[0]["config"]], key=lambda p: p["ms"])
+        median = pooled[(len(pooled) - 1) // 2]
+        own = {k: rounds[0][k] for k in ("mode", "group")}
+        found.append({**median, **own, "rounds": len(rounds), "rounds_ms": [p["ms"] for p in pooled]})
     return found
 
 
@@ -49,8 +59,12 @@ def _record(path: Path) -> dict[str, Any]:
     r = results.load(path)
     m, env = r.metrics, r.env
     mode = recorded_mode(r, path)
+    labels = {k: v for k, v in r.config["point"]["labels"].items() if k != "mode"}
     return {
         "mode": mode,
+        # what was measured (on how many devices and ranks), whatever the mode it was for
+        "config": json.dumps({**r.config, "out": None, "point": {**r.config["point"], "labels": labels},
+                              "on": [env["device_count"], env.get("mpi_ranks", 1)]}, sort_keys=True),
         "model": r.config["model"]["model"],
         # Baselines match on the whole model config (a tiny quick MLP is not the full one).
         "group": (mode, json.dumps(r.config["model"], sort_keys=True)),

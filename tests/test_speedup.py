@@ -89,3 +89,15 @@ def test_a_point_measured_in_rounds_is_its_median_round(tmp_path):
     assert found["dp-auto"]["images_per_sec"] == 1500
     (two,) = [r for r in speedup.device_rows(list(found.values())) if r["devices"] == 2]
     assert two["speedup"] == pytest.approx(1.5)
+
+
+def test_the_same_configuration_in_both_modes_pools_its_rounds(tmp_path):
+    """The weak mode's `single` on one device runs the strong mode's configuration: each mode
+    keeps its row, both the median of all six rounds (of an even count, the faster middle)."""
+    for k, (strong, weak) in enumerate(((1000, 700), (1100, 650), (900, 720))):
+        _point(tmp_path, "strong", "single", strong, round_=k)
+        _point(tmp_path, "weak", "single", weak, round_=k)
+    found = {p["mode"]: p for p in speedup.load_points(tmp_path)}
+    assert set(found) == {"strong", "weak"} and found["weak"]["group"][0] == "weak"
+    assert found["strong"]["images_per_sec"] == found["weak"]["images_per_sec"] == 900
+    assert len(found["weak"]["rounds_ms"]) == 6 and found["weak"]["rounds"] == 3
