@@ -11,8 +11,8 @@ Writes one bench result per point and round under OUT/<mode>/<model>-<strategy>-
 (config["point"]["labels"]), and a markdown table OUT/summary.md. Every point is measured
 --rounds times, round after round (each round's order rotated), and its step is the median of
 its rounds: on this project's VM one configuration measured in two fresh processes minutes
-apart differs by up to 1.6x (the MLP's `single`, 5.6 and 3.4 ms in one run of this study),
-far more than the steps within one process do. Simulated devices share the machine's cores:
+apart differs by up to 1.6x (the MLP's `single`, 5.6 and 3.4 ms in one run of this study):
+the machine runs in slow spells of a second or two, longer than a point's timed steps. Simulated devices share the machine's cores:
 the table states the cores and threads behind every figure.
 """
 
