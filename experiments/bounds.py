@@ -62,8 +62,7 @@ QUICK = dataclasses.replace(BoundsConfig(), model="stack-mlp", width=32, depth=2
                             batch_size=32, microbatches=4, iters=3, warmup=1, rounds=1, timeout=120)
 
 
-def point(config: BoundsConfig, devices: int, label: str, strategy: str, schedule: str | None,
-          round_: int = 0) -> Point:
+def point(config: BoundsConfig, devices: int, label: str, strategy: str, schedule: str | None) -> Point:
     sizes = {k: getattr(config, k) for k in ("width", "depth")
              if k in takes(config.model) and getattr(config, k) is not None}
     staged = strategy in ("pipeline", "gems")
@@ -73,7 +72,7 @@ def point(config: BoundsConfig, devices: int, label: str, strategy: str, schedul
                          **({"microbatches": config.microbatches} if staged else {}),
                          **({"schedule": schedule} if schedule else {}))
     bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False)
-    return Point(f"points/{devices}/{label.replace(' ', '-')}/r{round_}", train, bench)
+    return Point(f"points/{devices}/{label.replace(' ', '-')}", train, bench)
 
 
 def plan(config: BoundsConfig) -> list[tuple[int, str, Point, float | None]]:
@@ -92,9 +91,9 @@ def plan(config: BoundsConfig) -> list[tuple[int, str, Point, float | None]]:
 
 def run(config: BoundsConfig) -> list[Path]:
     planned = plan(config)
-    by_round = [[dataclasses.replace(p, folder=p.folder.replace("/r0", f"/r{k}")) for _, _, p, _ in planned]
-                for k in range(config.rounds)]
-    outcomes = points.run([p for one in by_round for p in one], config.out, config.timeout)
+    # in the planned order every round: `single` first at each device count
+    outcomes = points.run(points.in_rounds([p for _, _, p, _ in planned], config.rounds, rotate=False),
+                          config.out, config.timeout)
     per_point = [outcomes[i::len(planned)] for i in range(len(planned))]  # each point's rounds
     rows, single = [], {}
     for (n, label, p, limit), measured in zip(planned, per_point):

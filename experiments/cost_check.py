@@ -48,11 +48,11 @@ MODE_PART = {"scaling": 1, "scaling-ranks": 2, "bounds": 2}
 PROFILE = "cost/profile.json"
 
 
-def _measured(path: Path) -> tuple[results.RunResult, float]:
-    """A point's result and its measured step (ms); a point measured in rounds (r<k>/: the
-    scaling study's, peers' jaxpar rows, the bounds study's): the median of its rounds, as
+def _measured(point: Path) -> tuple[results.RunResult, float]:
+    """A point folder's result and its measured step (ms); a point measured in rounds (r<k>/:
+    the scaling study's, peers' jaxpar rows, the bounds study's): the median of its rounds, as
     those studies report them."""
-    rounds = [results.load(f) for f in points.round_files(_point(path))]
+    rounds = [results.load(f) for f in points.round_files(point)]
     return rounds[0], statistics.median(r.metrics["step_time_ms_median"] for r in rounds)
 
 
@@ -164,7 +164,7 @@ def _check_rows(data_dir: str, _stamp: int) -> list[dict]:
     for study, pattern in STUDIES:
         for path in sorted(Path(data_dir).glob(pattern)):
             point = _point(path)
-            r, measured = _measured(path)
+            r, measured = _measured(point)
             p = r.config["parallel"]
             try:
                 pred, why = predict_point(profile, r.config, r.env, r.strategy)

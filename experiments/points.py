@@ -86,11 +86,12 @@ class Point:
         return f"{self.folder}: {self.kind} {self.config.model.model} {p.strategy} on {where}"
 
 
-def in_rounds(planned: list[Point], rounds: int) -> list[Point]:
+def in_rounds(planned: list[Point], rounds: int, rotate: bool = True) -> list[Point]:
     """`planned` measured `rounds` times over, each point's k-th round in FOLDER/r<k>: round
-    after round, each round's order rotated, so a slow spell of a shared machine falls on
-    different points each round (a point's step is then the median of its rounds)."""
-    shift = len(planned) // rounds if rounds else 0
+    after round, each round's order rotated (unless `rotate` is False: every round in the
+    planned order), so a slow spell of a shared machine falls on different points each round
+    (a point's step is then the median of its rounds)."""
+    shift = len(planned) // rounds if rotate and rounds else 0
     return [dataclasses.replace(p, folder=f"{p.folder}/r{k}")
             for k in range(rounds) for p in planned[k * shift:] + planned[:k * shift]]
 

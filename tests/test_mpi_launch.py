@@ -22,10 +22,11 @@ import pytest
 
 from conftest import TEST_XLA_FLAGS
 from cross_host import CROSS_HOST, WHY_NO_HOSTS
+from experiments.points import mpiexec
 from jaxpar.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
+MPIEXEC = mpiexec()  # the launcher of this venv's MPICH, as the studies use
 needs_mpiexec = pytest.mark.skipif(not MPIEXEC.exists() or shutil.which("timeout") is None,
                                    reason="needs the `mpi` extra in this venv (make test installs it)")
 
