@@ -28,15 +28,15 @@ from jaxpar.errors import ConfigError, ResultsError
 from jaxpar.parallel import STRATEGIES
 from jaxpar.profiling import model_key
 
-# (study, the results files under the data folder). A point measured in rounds (the scaling
-# study's, peers' jaxpar rows, the bounds study's) holds r<k>/result.json: its step is their
-# median; the patterns match its folder or its first round's file.
+# (study, the results files under the data folder). A point measured in rounds (the strategies,
+# scaling and pipeline studies', peers' jaxpar rows, the bounds study's) holds r<k>/result.json:
+# its step is their median; the patterns match its folder or its first round's file.
 STUDIES = (
-    ("strategies", "strategies/points/*/result.json"),
-    ("strategies-cnn", "strategies_cnn/points/*/result.json"),
+    ("strategies", "strategies/points/*/r0/result.json"),
+    ("strategies-cnn", "strategies_cnn/points/*/r0/result.json"),
     ("scaling", "scaling/*/*/r0/result.json"),
     ("scaling-ranks", "scaling/ranks/*/*/r0/result.json"),
-    ("pipeline", "pipeline/points/*/result.json"),
+    ("pipeline", "pipeline/points/*/r0/result.json"),
     ("time-to-accuracy", "time_to_accuracy/*/result.json"),
     ("peers", "peers/points/*/jaxpar-*"),
     ("bounds", "bounds/points/*/*"),
@@ -50,8 +50,8 @@ PROFILE = "cost/profile.json"
 
 def _measured(point: Path) -> tuple[results.RunResult, float]:
     """A point folder's result and its measured step (ms); a point measured in rounds (r<k>/:
-    the scaling study's, peers' jaxpar rows, the bounds study's): the median of its rounds, as
-    those studies report them."""
+    the strategies, scaling and pipeline studies', peers' jaxpar rows, the bounds study's): the
+    median of its rounds, as those studies report them."""
     rounds = [results.load(f) for f in points.round_files(point)]
     return rounds[0], statistics.median(r.metrics["step_time_ms_median"] for r in rounds)
 

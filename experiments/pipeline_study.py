@@ -7,14 +7,15 @@ The bubble and the peak micro-batches in flight come from the schedule tables
 device (XLA's memory analysis of the compiled step: activations and the buffers around them)
 and state memory per device (GEMS holds two stages' parameters) are measured with one
 `bench` point per (schedule, M): the `pipeline` strategy (GEMS: `gems`) on S simulated CPU
-devices, mesh stage=S.
+devices, mesh stage=S, measured --rounds times, round after round, each round's order rotated
+(`points.in_rounds`); a row is the point's median round (`points.median_round`).
 
     python -m experiments pipeline --out figures/data/pipeline       # full: S=4, M=1..32, minutes
     python -m experiments pipeline --quick --out /tmp/pipe           # S=2, M=1..4, tiny model
     python -m experiments pipeline --no-measure --out /tmp/pipe      # schedule tables only
 
 Writes OUT/pipeline.json (RunResult, kind 'pipeline') and one bench result per measured point
-under OUT/points/<schedule>-M<m>/; a stopped study resumes from the points already there.
+and round under OUT/points/<schedule>-M<m>/r<k>/; a stopped study resumes from the points already there.
 Simulated devices share the machine's cores, so the measured throughput shows the bubble
 only as far as idle stages free cores for busy ones: the figure states the cores.
 """
@@ -54,6 +55,7 @@ class PipelineConfig:
     measured_microbatches: tuple[int, ...] | None = option(None, "the M's to time (default: every M)")
     iters: int = options.iters()
     warmup: int = options.warmup()
+    rounds: int = option(3, "passes over every measured point, each in a fresh process, the order rotated each pass; a row is the point's median round")
     timeout: int = options.timeout()
     # The measured timelines: the seeds' CNN as the bounds are stated for it (2 devices, M=8).
     timeline_model: str = options.train_option("model", "cnn")
@@ -65,7 +67,7 @@ class PipelineConfig:
 # S=2, M up to 4, a tiny stack-mlp; throughput measured at the largest M only.
 QUICK = dataclasses.replace(PipelineConfig(), stages=2, max_microbatches=4, width=32, depth=2,
                             batch_size=64, measured_microbatches=(4,), iters=3, warmup=1,
-                            timeout=120, timeline_model=MODEL, timeline_microbatches=4,
+                            rounds=1, timeout=120, timeline_model=MODEL, timeline_microbatches=4,
                             timeline_batch_size=64)
 
 
@@ -74,7 +76,7 @@ def plan(config: PipelineConfig) -> tuple[list[int], list[int]]:
     S, top = config.stages, config.max_microbatches
     if S < 2:
         raise ConfigError(f"--stages must be >= 2 for a pipeline, got {S}")
-    at_least(config, 1, "max_microbatches", "iters", "batch_size")
+    at_least(config, 1, "max_microbatches", "iters", "batch_size", "rounds")
     at_least(config, 0, "warmup")
     counts = [2 ** i for i in range(top.bit_length()) if 2 ** i <= top]
     measured = [] if not config.measure else list(config.measured_microbatches or counts)
@@ -144,10 +146,12 @@ def timeline_of(result: results.RunResult, folder: str) -> dict:
             "model": result.config["model"]["model"], "point": folder}
 
 
-def measurement(result: results.RunResult, folder: str) -> dict:
-    """Throughput and memory of one (schedule, M) from its bench result."""
+def measurement(measured: list[results.RunResult], folder: str) -> dict:
+    """Throughput and memory of one (schedule, M) from its rounds: the median round's."""
+    result = points.median_round(measured)
     pm = result.metrics
     return {"images_per_sec": pm["images_per_sec"], "step_ms": pm["step_time_ms_median"],
+            "step_ms_rounds": [r.metrics["step_time_ms_median"] for r in measured],
             "temp_bytes": pm["memory_per_device"]["temp_bytes"],
             # what the step holds beside its state: the SPMD program's temporaries; with a
             # program per stage, the residuals kept between a forward and its backward too
@@ -166,9 +170,11 @@ def run(config: PipelineConfig) -> list[Path]:
                for m in counts_for(s, config.stages, measured)}
     timed = {s: timeline_point(config, s) for s in schedules.TABLES
              if config.timeline_stages and counts_for(s, config.timeline_stages, [config.timeline_microbatches])}
-    outcomes = dict(zip([*planned, *timed], points.run([*planned.values(), *timed.values()],
-                                                       config.out, config.timeout)))
-    timelines = {s: timeline_of(outcomes[s], timed[s].folder) for s in timed}
+    rounds = points.in_rounds(list(planned.values()), config.rounds)
+    ran = points.run([*rounds, *timed.values()], config.out, config.timeout)  # timelines: once
+    by_folder = points.by_point(rounds, ran[:len(rounds)])
+    outcomes = {key: by_folder[p.folder] for key, p in planned.items()}
+    timelines = {s: timeline_of(r, timed[s].folder) for s, r in zip(timed, ran[len(rounds):])}
     rows, tables = schedule_rows(config.stages, counts)
     point_env = None
     for r in rows:
@@ -176,7 +182,7 @@ def run(config: PipelineConfig) -> list[Path]:
         key = (r["schedule"], r["M"])
         if key in outcomes:
             r.update(measurement(outcomes[key], planned[key].folder))
-            point_env = outcomes[key].env
+            point_env = outcomes[key][0].env
         tput = f"{r['images_per_sec']:8,.0f} img/s {r['step_ms']:7.1f} ms activations {r['activation_bytes'] / 2**20:6.2f} MiB" \
             if r["images_per_sec"] else "not measured"
         print(f"{r['schedule']:6s} S={config.stages} M={r['M']:3d} bubble={r['bubble']:.3f} "

@@ -96,6 +96,23 @@ def in_rounds(planned: list[Point], rounds: int, rotate: bool = True) -> list[Po
             for k in range(rounds) for p in planned[k * shift:] + planned[:k * shift]]
 
 
+def by_point(rounds: list[Point], outcomes: list) -> dict[str, list]:
+    """`outcomes` of `in_rounds`'s points (in its order) grouped by point folder, each point's
+    in round order: {FOLDER: [round 0's, round 1's, ...]}."""
+    found: dict[str, dict[int, Any]] = {}
+    for p, outcome in zip(rounds, outcomes, strict=True):
+        folder, k = p.folder.rsplit("/r", 1)
+        found.setdefault(folder, {})[int(k)] = outcome
+    return {folder: [by_round[k] for k in sorted(by_round)] for folder, by_round in found.items()}
+
+
+def median_round(measured: list[results.RunResult]) -> results.RunResult:
+    """The round whose median step is the median of the rounds' (for an even count, the faster
+    of the middle two): the one a study's row reports, every other metric its own."""
+    ordered = sorted(measured, key=lambda r: r.metrics["step_time_ms_median"])
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def point_folder(result_file: Path) -> Path:
     """The point a result file belongs to: its folder, or the one above a round's (r<k>)."""
     folder = result_file.parent

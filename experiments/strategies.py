@@ -6,12 +6,15 @@ states one), parameter + optimizer state and temporary (activation) memory per d
     python -m experiments strategies --quick --out /tmp/strategies     # 3 strategies, seconds
 
 One `bench` point per strategy (`experiments.points`: a stopped study resumes, complete points
-are not run again): every single-process strategy on --devices simulated devices with its
-default mesh over all of them (`mesh_for`), the MPI strategies as --devices single-threaded
-ranks when mpi4jax is installed (else recorded as skipped, with why). Without --strategies,
-a strategy that cannot place --model (its class says so) is recorded as skipped too; the
-seeds' comparison is `--model cnn` (or resnet): data- against model-parallel rows. Writes
-OUT/points/<strategy>/result.json, OUT/strategies.json (RunResult: config, env, metrics.rows;
+are not run again), measured --rounds times, round after round, each round's order rotated
+(`points.in_rounds`), so a slow spell of a shared machine falls on different strategies each
+round; a row is the strategy's median round (`points.median_round`). Every single-process
+strategy runs on --devices simulated devices with its default mesh over all of them
+(`mesh_for`), the MPI strategies as --devices single-threaded ranks when mpi4jax is installed
+(else recorded as skipped, with why). Without --strategies, a strategy that cannot place
+--model (its class says so) is recorded as skipped too; the seeds' comparison is `--model
+cnn` (or resnet): data- against model-parallel rows. Writes OUT/points/<strategy>/r<k>/
+result.json, OUT/strategies.json (RunResult: config, env, metrics.rows;
 `experiments.plots.strategies_bars` draws it) and OUT/summary.md, atomically.
 """
 
@@ -50,12 +53,13 @@ class StrategiesConfig:
     strategies: tuple[str, ...] | None = option(None, "strategies to measure (default: every strategy)", choices="strategy")
     iters: int = options.iters()
     warmup: int = options.warmup()
+    rounds: int = option(3, "passes over every strategy, each in a fresh process, the order rotated each pass; a row is the strategy's median round")
     timeout: int = options.timeout()
 
 
 # Enough to check the study's properties (no communication for single; fsdp keeps 1/N of
 # dp-auto's state; explicit collectives equal theory), one process of seconds each.
-QUICK = dataclasses.replace(StrategiesConfig(), width=32, depth=4, iters=3, warmup=1, timeout=120,
+QUICK = dataclasses.replace(StrategiesConfig(), width=32, depth=4, iters=3, warmup=1, rounds=1, timeout=120,
                             strategies=("single", "dp-auto", "fsdp"))
 
 
@@ -90,7 +94,7 @@ def plan(config: StrategiesConfig) -> tuple[list[str], dict[str, str]]:
             except ConfigError as e:
                 unable[name] = str(e)
         names = [n for n in names if n not in unable]
-    at_least(config, 1, "devices", "batch_size", "iters", "microbatches", "width", "depth")
+    at_least(config, 1, "devices", "batch_size", "iters", "microbatches", "width", "depth", "rounds")
     at_least(config, 0, "warmup")
     bad = [problem for s in names for problem in _problems(s, config)]
     if config.batch_size % config.devices:
@@ -130,8 +134,9 @@ def point(strategy: str, config: StrategiesConfig) -> Point:
     return Point(f"points/{strategy}", train, bench, config.devices if mpi else None)
 
 
-def row(strategy: str, result: results.RunResult) -> dict:
-    """One table row from a strategy's bench result."""
+def row(strategy: str, measured: list[results.RunResult]) -> dict:
+    """One table row from a strategy's rounds: its median round's bench result."""
+    result = points.median_round(measured)
     m, env, desc = result.metrics, result.env, result.strategy
     theory = m.get("collective_bytes_theory") or {}
     mem = m["memory_per_device"]
@@ -146,6 +151,7 @@ def row(strategy: str, result: results.RunResult) -> dict:
         "microbatches": desc.get("microbatches"),
         "ms_per_step": m["step_time_ms_median"],
         "ms_per_step_min": m["step_time_ms_min"],
+        "ms_per_step_rounds": [r.metrics["step_time_ms_median"] for r in measured],
         "images_per_sec": m["images_per_sec"],
         "compile_s": m["compile_s"],
         "collective_bytes_per_step": m["collective_bytes_per_step"],
@@ -165,16 +171,19 @@ def run(config: StrategiesConfig) -> list[Path] | None:
     """Every strategy's point, then OUT/strategies.json and OUT/summary.md (atomically).
     Returns their paths, or None when a point failed (the others are still written)."""
     names, skipped = plan(config)
-    outcomes = points.run([point(s, config) for s in names], config.out, config.timeout,
-                          keep_going=True)
+    planned = [point(s, config) for s in names]
+    rounds = points.in_rounds(planned, config.rounds)
+    outcomes = points.by_point(rounds, points.run(rounds, config.out, config.timeout, keep_going=True))
     rows, failed, env = [], {}, None
-    for strategy, result in zip(names, outcomes):
-        if isinstance(result, PointError):
-            failed[strategy] = str(result)[-2000:]
+    for strategy, planned_point in zip(names, planned):
+        measured = outcomes[planned_point.folder]
+        errors = [r for r in measured if isinstance(r, PointError)]
+        if errors:
+            failed[strategy] = str(errors[0])[-2000:]
             continue
-        rows.append(row(strategy, result))
+        rows.append(row(strategy, measured))
         if not _is_mpi(strategy) and env is None:
-            env = result.env  # the machine as the single-process points see it
+            env = measured[0].env  # the machine as the single-process points see it
     asked = list(config.strategies or STRATEGIES)
     record = {**dataclasses.asdict(config), "strategies": asked,
               "meshes": {s: "" if _is_mpi(s) else mesh_for(s, config.devices) for s in asked}}
@@ -187,6 +196,13 @@ def run(config: StrategiesConfig) -> list[Path] | None:
     return None if failed else paths
 
 
+def _rounds_note(rounds: int) -> str:
+    if rounds == 1:
+        return "one process per strategy"
+    return (f"each row the median of {rounds} rounds, one process per strategy and round, "
+            "the rounds one after another")
+
+
 def _bytes(n: int | None) -> str:
     return "–" if n is None else f"{n:,}"
 
@@ -197,7 +213,7 @@ def summary(study: dict) -> str:
     sizes = "".join(f" {k} {cfg[k]}" for k in ("width", "depth") if k in takes(cfg["model"]))
     lines = [f"{cfg['model']}{sizes}, global batch "
              f"{cfg['batch_size']}, {cfg['devices']} devices per strategy, median of {cfg['iters']} "
-             f"steps after {cfg['warmup']}.\n",
+             f"steps after {cfg['warmup']}; {_rounds_note(cfg.get('rounds', 1))}.\n",
              "| strategy | mesh | ms/step | images/s | compile s | collective B/step (theory) | "
              "state B/device | temp/activation B/device |",
              "|---|---|---|---|---|---|---|---|"]

@@ -125,3 +125,40 @@ def test_the_cnn_gets_model_parallel_rows_and_hybrid_is_skipped_with_why(tmp_pat
     # gems: each of the 2 devices holds both stages (one per replica), a pipeline device one
     pipe, gems = rows["pipeline"]["state_bytes_per_device"], rows["gems"]["state_bytes_per_device"]
     assert pipe < gems < 2 * pipe
+
+
+def test_rounds_measure_every_strategy_each_round_and_report_its_median_round(tmp_path):
+    """--rounds R: every strategy once per round in points/<strategy>/r<k>/, a row the median
+    round's (for two rounds the faster), every round's step beside it."""
+    import dataclasses
+
+    config = dataclasses.replace(study.QUICK, strategies=("single", "dp-auto"), rounds=2,
+                                 out=str(tmp_path))
+    assert study.run(config)
+    for name in config.strategies:
+        assert sorted(p.parent.name for p in (tmp_path / "points" / name).glob("*/result.json")) == ["r0", "r1"]
+    data = json.loads((tmp_path / "strategies.json").read_text())
+    for r in data["metrics"]["rows"]:
+        assert len(r["ms_per_step_rounds"]) == 2 and r["ms_per_step"] == min(r["ms_per_step_rounds"])
+    assert "median of 2 rounds" in (tmp_path / "summary.md").read_text()
+
+
+def test_rounds_are_grouped_by_point_and_the_median_round_picked():
+    from types import SimpleNamespace
+
+    from experiments import points
+
+    planned = [study.point(s, study.QUICK) for s in ("single", "dp-auto", "fsdp")]
+    rounds = points.in_rounds(planned, 3)  # rotated: round 1 starts at dp-auto
+    steps = {"single": [5.0, 9.0, 4.0], "dp-auto": [7.0, 6.0, 8.0], "fsdp": [1.0, 3.0, 2.0]}
+    outcomes = [SimpleNamespace(metrics={"step_time_ms_median": steps[p.folder.split("/")[1]][int(p.folder[-1])]})
+                for p in rounds]
+    grouped = points.by_point(rounds, outcomes)
+    assert list(grouped) == [p.folder for p in planned]
+    for p in planned:
+        name = p.folder.split("/")[1]
+        assert [r.metrics["step_time_ms_median"] for r in grouped[p.folder]] == steps[name]
+    assert [points.median_round(grouped[p.folder]).metrics["step_time_ms_median"] for p in planned] == [5.0, 7.0, 2.0]
+    assert points.median_round(grouped[planned[0].folder][:2]).metrics["step_time_ms_median"] == 5.0
+    with pytest.raises(ValueError):  # a round missing
+        points.by_point(rounds, outcomes[:-1])
