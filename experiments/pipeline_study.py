@@ -7,7 +7,8 @@ The bubble and the peak micro-batches in flight come from the schedule tables
 device (XLA's memory analysis of the compiled step: activations and the buffers around them)
 and state memory per device (GEMS holds two stages' parameters) are measured with one
 `bench` point per (schedule, M): the `pipeline` strategy (GEMS: `gems`) on S simulated CPU
-devices, mesh stage=S, measured --rounds times, round after round, each round's order rotated
+devices, mesh stage=S, beside `single` on one device at the same batch (the reference, and
+the cost check's anchor for this study's session), each measured --rounds times, round after round, each round's order rotated
 (`points.in_rounds`); a row is the point's median round (`points.median_round`).
 
     python -m experiments pipeline --out figures/data/pipeline       # full: S=4, M=1..32, minutes
@@ -129,6 +130,14 @@ def point(config: PipelineConfig, schedule: str, m: int) -> Point:
     return Point(f"points/{schedule}-M{m}", train, bench)
 
 
+def single_point(config: PipelineConfig) -> Point:
+    """The reference: the same model and batch under `single` on one device."""
+    train = with_options(TrainConfig(), dataset="synthetic", model=MODEL, width=config.width,
+                         depth=config.depth, strategy="single", batch_size=config.batch_size)
+    bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False)
+    return Point("points/single", train, bench)
+
+
 def timeline_point(config: PipelineConfig, schedule: str) -> Point:
     """One stamped step of `schedule` with one program per stage (`bench --timeline`)."""
     S, m = config.timeline_stages, config.timeline_microbatches
@@ -170,10 +179,13 @@ def run(config: PipelineConfig) -> list[Path]:
                for m in counts_for(s, config.stages, measured)}
     timed = {s: timeline_point(config, s) for s in schedules.TABLES
              if config.timeline_stages and counts_for(s, config.timeline_stages, [config.timeline_microbatches])}
-    rounds = points.in_rounds(list(planned.values()), config.rounds)
+    reference = [single_point(config)] if planned else []
+    rounds = points.in_rounds([*reference, *planned.values()], config.rounds)
     ran = points.run([*rounds, *timed.values()], config.out, config.timeout)  # timelines: once
     by_folder = points.by_point(rounds, ran[:len(rounds)])
     outcomes = {key: by_folder[p.folder] for key, p in planned.items()}
+    single = {"images_per_sec": None, "step_ms": None} if not reference else \
+        measurement(by_folder[reference[0].folder], reference[0].folder)
     timelines = {s: timeline_of(r, timed[s].folder) for s, r in zip(timed, ran[len(rounds):])}
     rows, tables = schedule_rows(config.stages, counts)
     point_env = None
@@ -187,11 +199,15 @@ def run(config: PipelineConfig) -> list[Path]:
             if r["images_per_sec"] else "not measured"
         print(f"{r['schedule']:6s} S={config.stages} M={r['M']:3d} bubble={r['bubble']:.3f} "
               f"theory={r['theory']:.3f} peak_in_flight={r['peak_in_flight']:3d}  {tput}", flush=True)
+    if single["images_per_sec"]:
+        print(f"single on 1 device, batch {config.batch_size}: {single['images_per_sec']:,.0f} img/s "
+              f"{single['step_ms']:.1f} ms", flush=True)
     record = {**dataclasses.asdict(config), "model": MODEL, "strategy": "pipeline", "bidirectional": GEMS,
               "microbatch_counts": counts, "measured_microbatch_counts": measured}
     result = results.RunResult(kind="pipeline", config=record, env=results.environment(),
                                metrics={"stages": config.stages, "rows": rows, "tables": tables,
-                                        "point_env": point_env, "timelines": timelines})
+                                        "point_env": point_env, "timelines": timelines,
+                                        "single": single})
     path = results.write_atomic(Path(config.out) / "pipeline.json", result.to_json() + "\n")
     print(f"wrote {path}")
     return [path]

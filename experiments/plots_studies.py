@@ -49,6 +49,10 @@ def pipeline_bubble(result: dict, out: Path) -> Path:
         if any(r.get("state_bytes") for r in timed):
             mem.plot([r["M"] for r in timed], [r["state_bytes"] / 2 ** 20 for r in timed], ls=":",
                      color=style["color"])
+    single = (data.get("single") or {}).get("images_per_sec")
+    reference = []  # the reference at the same batch, when the file has it
+    if single:
+        reference = [tput.axhline(single, color="0.4", ls="-.", lw=1)]
     for names, line, label in ((schedules.SCHEDULES, "k--", "(S-1)/(M+S-1)"),
                                ((GEMS,), "g:", "(S-2)/(2M+S-2)")):
         theory = sorted({(r["M"], r["theory"]) for r in data["rows"] if r["schedule"] in names})
@@ -85,6 +89,7 @@ def pipeline_bubble(result: dict, out: Path) -> Path:
                  f"{cfg.get('depth')} blocks, batch {cfg.get('batch_size')}", fontsize=10)
     fig.tight_layout()
     handles, labels = bub.get_legend_handles_labels()
+    handles, labels = handles + reference, labels + ["single, 1 device"] * len(reference)
     legend_below(fig, handles, labels)
     return save(fig, out / "pipeline_bubble.png")
 

@@ -189,7 +189,8 @@ def bounds(data_dir: Path) -> str:
 
 # --- pipeline study --------------------------------------------------------------------------
 def pipeline(data_dir: Path) -> str:
-    rows = sources.load(data_dir, "pipeline")["metrics"]["rows"]
+    data = sources.load(data_dir, "pipeline")
+    rows = data["metrics"]["rows"]
     by = {(r["schedule"], r["M"]): r for r in rows}
     names = list(dict.fromkeys(r["schedule"] for r in rows))
     gems = [Gems.name] if Gems.name in names else []  # its own bubble (GPipe's and 1F1B's agree)
@@ -202,9 +203,14 @@ def pipeline(data_dir: Path) -> str:
                     *[num(h.get("activation_bytes", h["temp_bytes"]) / 2 ** 20, 1) if h.get("temp_bytes") else DASH
                       for h in here],
                     *[mb(h.get("moved_bytes", h.get("collective_bytes"))) for h in here]])
-    return markdown(["M", "bubble (S-1)/(M+S-1)", *[f"{g} bubble (S-2)/(2M+S-2)" for g in gems],
-                     *[f"{s} images/s" for s in names], *[f"{s} activation MiB/device" for s in names],
-                     *[f"{s} MB moved/step" for s in names]], out)
+    table = markdown(["M", "bubble (S-1)/(M+S-1)", *[f"{g} bubble (S-2)/(2M+S-2)" for g in gems],
+                      *[f"{s} images/s" for s in names], *[f"{s} activation MiB/device" for s in names],
+                      *[f"{s} MB moved/step" for s in names]], out)
+    single = data["metrics"].get("single") or {}
+    if not single.get("images_per_sec"):
+        return table  # measured before the study had its reference, or --no-measure
+    return (f"The reference, `single` on one device at the same batch: {num(single['images_per_sec'])} "
+            f"images/s ({num(single['step_ms'], 1)} ms/step).\n\n{table}")
 
 
 # --- batch-size study ------------------------------------------------------------------------

@@ -29,6 +29,9 @@ def test_quick_study_measures_points_and_matches_theory(tmp_path):
         assert r["images_per_sec"] > 0 and r["step_ms"] > 0 and r["temp_bytes"] > 0, r
         assert (out / r["point"] / "r0" / "result.json").exists()  # the quick mode: one round
         assert r["step_ms_rounds"] == [r["step_ms"]]
+    single = result["metrics"]["single"]  # the reference: one device, the same batch
+    assert single["images_per_sec"] > 0 and (out / single["point"] / "r0" / "result.json").exists()
+    assert json.loads((out / single["point"] / "r0" / "result.json").read_text())["config"]["parallel"]["strategy"] == "single"
     peak = {(r["schedule"], r["M"]): r["peak_in_flight"] for r in rows}
     top = max(r["M"] for r in rows)
     assert all(peak["1f1b", m] <= peak["gpipe", m] for s, m in peak if s == "gpipe")
