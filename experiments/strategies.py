@@ -11,7 +11,8 @@ are not run again), measured --rounds times, round after round, each round's ord
 round; a row is the strategy's median round (`points.median_round`). Every single-process
 strategy runs on --devices simulated devices with its default mesh over all of them
 (`mesh_for`), the MPI strategies as --devices single-threaded ranks when mpi4jax is installed
-(else recorded as skipped, with why). Without --strategies, a strategy that cannot place
+(else recorded as skipped, with why), beside them `single` on one thread, as each rank runs
+(`one_thread_point`). Without --strategies, a strategy that cannot place
 --model (its class says so) is recorded as skipped too; the seeds' comparison is `--model
 cnn` (or resnet): data- against model-parallel rows. Writes OUT/points/<strategy>/r<k>/
 result.json, OUT/strategies.json (RunResult: config, env, metrics.rows;
@@ -134,6 +135,16 @@ def point(strategy: str, config: StrategiesConfig) -> Point:
     return Point(f"points/{strategy}", train, bench, config.devices if mpi else None)
 
 
+def one_thread_point(config: StrategiesConfig) -> Point:
+    """The MPI rows' reference: `single` in one process of one thread, as each rank runs (the
+    cost check's anchor for them, measured in the same rounds)."""
+    sizes = {k: getattr(config, k) for k in ("width", "depth") if k in takes(config.model)}
+    train = with_options(TrainConfig(), dataset="synthetic", model=config.model, **sizes,
+                         strategy="single", devices=1, batch_size=config.batch_size, single_thread=True)
+    bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False)
+    return Point("points/single-1-thread", train, bench)
+
+
 def row(strategy: str, measured: list[results.RunResult]) -> dict:
     """One table row from a strategy's rounds: its median round's bench result."""
     result = points.median_round(measured)
@@ -172,28 +183,39 @@ def run(config: StrategiesConfig) -> list[Path] | None:
     Returns their paths, or None when a point failed (the others are still written)."""
     names, skipped = plan(config)
     planned = [point(s, config) for s in names]
-    rounds = points.in_rounds(planned, config.rounds)
+    reference = [one_thread_point(config)] if any(_is_mpi(s) for s in names) else []
+    rounds = points.in_rounds(planned + reference, config.rounds)
     outcomes = points.by_point(rounds, points.run(rounds, config.out, config.timeout, keep_going=True))
-    rows, failed, env = [], {}, None
-    for strategy, planned_point in zip(names, planned):
+    rows, failed, env, one_thread = [], {}, None, None
+    labelled = [*zip(names, planned), *(("single, 1 thread", p) for p in reference)]
+    for label, planned_point in labelled:
         measured = outcomes[planned_point.folder]
         errors = [r for r in measured if isinstance(r, PointError)]
         if errors:
-            failed[strategy] = str(errors[0])[-2000:]
-            continue
-        rows.append(row(strategy, measured))
-        if not _is_mpi(strategy) and env is None:
-            env = measured[0].env  # the machine as the single-process points see it
+            failed[label] = str(errors[0])[-2000:]
+        elif planned_point in reference:
+            one_thread = {**row("single", measured), "point": planned_point.folder}
+        else:
+            rows.append(row(label, measured))
+            if not _is_mpi(label) and env is None:
+                env = measured[0].env  # the machine as the single-process points see it
     asked = list(config.strategies or STRATEGIES)
     record = {**dataclasses.asdict(config), "strategies": asked,
               "meshes": {s: "" if _is_mpi(s) else mesh_for(s, config.devices) for s in asked}}
     study = results.RunResult(kind="strategies", config=record, env=env or results.environment(),
-                              metrics={"rows": rows, "skipped": skipped, "failed": failed})
+                              metrics={"rows": rows, "skipped": skipped, "failed": failed,
+                                       "one_thread": one_thread})
     out = Path(config.out)
     paths = [results.write_atomic(out / "strategies.json", study.to_json() + "\n"),
              results.write_atomic(out / "summary.md", summary(dataclasses.asdict(study)))]
     print(paths[1].read_text())
     return None if failed else paths
+
+
+def one_thread_note(one_thread: dict) -> str:
+    """The line that gives the MPI rows' reference (`single` on one thread)."""
+    return (f"The MPI rows' ranks run one thread each; `single` on one thread: "
+            f"{one_thread['ms_per_step']:.1f} ms/step ({one_thread['images_per_sec']:,.0f} images/s).")
 
 
 def _rounds_note(rounds: int) -> str:
@@ -233,6 +255,8 @@ def summary(study: dict) -> str:
                  "optimizer state; temp/activation = XLA's temporary buffers of the step program "
                  "(layer-split: the residuals each stage's forward program hands to its backward, "
                  "plus that backward's temporaries).")
+    if m.get("one_thread"):
+        lines.append(f"\n{one_thread_note(m['one_thread'])}")
     for name, why in {**m["skipped"], **m.get("failed", {})}.items():
         status = "skipped" if name in m["skipped"] else "failed"
         lines.append(f"\n{name}: {status} ({why.strip().splitlines()[-1] if why.strip() else ''})")

@@ -16,6 +16,7 @@ from experiments import (machine_rows, network_rows, peers_mp, peers_report, plo
                          tables_cost)
 from experiments.markdown import DASH, markdown, mb, num
 from experiments.rank_scaling import ranks_cell
+from experiments.strategies import one_thread_note
 from jaxpar import results
 from jaxpar.config import TrainConfig, to_dict
 from jaxpar.mesh import format_mesh
@@ -166,13 +167,16 @@ def _study_mesh(row: dict) -> str:
 
 def strategies_study(name: str, data_dir: Path) -> str:
     """The strategies study of source `name` (stack-mlp, or the CNN): one row per strategy."""
-    rows = sources.load(data_dir, name)["metrics"]["rows"]
-    return markdown(
+    metrics = sources.load(data_dir, name)["metrics"]
+    rows = metrics["rows"]
+    table = markdown(
         ["strategy", "family", "mesh", "ms/step", "images/s", "collective MB/step per device or rank (theory)",
          "state MB/device", "temp MB/device"],
         [[r["strategy"], r["family"], _study_mesh(r), num(r["ms_per_step"], 1), num(r["images_per_sec"]),
           f"{mb(r['collective_bytes_per_step'])} ({mb(theory_total(r['collective_bytes_theory']))})",
           mb(r["state_bytes_per_device"]), mb(r["activation_bytes_per_device"])] for r in rows])
+    one_thread = metrics.get("one_thread")  # absent from runs without MPI rows, or before it
+    return table if not one_thread else f"{table}\n\n{one_thread_note(one_thread)}"
 
 
 # --- bounds study ----------------------------------------------------------------------------

@@ -162,3 +162,24 @@ def test_rounds_are_grouped_by_point_and_the_median_round_picked():
     assert points.median_round(grouped[planned[0].folder][:2]).metrics["step_time_ms_median"] == 5.0
     with pytest.raises(ValueError):  # a round missing
         points.by_point(rounds, outcomes[:-1])
+
+
+@pytest.mark.skipif(study._mpi_missing() is not None, reason="MPI strategies need mpi4jax and mpiexec")
+def test_mpi_rows_get_single_on_one_thread_beside_them(tmp_path):
+    """With an MPI strategy the study measures `single` on one thread, as each rank runs, and
+    reports it under the table (not as a row: it is the ranks' reference)."""
+    import dataclasses
+
+    config = dataclasses.replace(study.QUICK, strategies=("single", "mpi-allreduce"), devices=2,
+                                 batch_size=32, out=str(tmp_path))
+    assert study.run(config)
+    data = json.loads((tmp_path / "strategies.json").read_text())
+    assert [r["strategy"] for r in data["metrics"]["rows"]] == ["single", "mpi-allreduce"]
+    reference = data["metrics"]["one_thread"]
+    measured = json.loads((tmp_path / reference["point"] / "r0" / "result.json").read_text())
+    assert measured["config"]["parallel"]["single_thread"] and measured["env"]["threads_per_process"] == 1
+    assert reference["ms_per_step"] > 0 and reference["strategy"] == "single"
+    assert study.one_thread_note(reference) in (tmp_path / "summary.md").read_text()
+    alone = dataclasses.replace(config, strategies=("single",), out=str(tmp_path / "alone"))
+    assert study.run(alone)  # no MPI row, no reference
+    assert json.loads((tmp_path / "alone" / "strategies.json").read_text())["metrics"]["one_thread"] is None
