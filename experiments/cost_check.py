@@ -203,7 +203,7 @@ def anchor(rows: list[dict]) -> None:
     emulated link's wire is the link's, not the machine's, and is not scaled. Adds `scale`,
     `anchored_ms` and `error` (anchored / measured - 1) to every predicted row and marks the
     anchors (`anchor`: their error is 0 by construction). A group without a `single` point
-    (the pipeline study; ranks beside a study's every-core `single`) takes the median scale
+    (the peers' and time-to-accuracy's ranks) takes the median scale
     of the same model and threads elsewhere, else of every model on those threads."""
     singles = [r for r in rows if r["strategy"] == "single" and r["steps_per_dispatch"] == 1
                and "predicted_ms" in r]

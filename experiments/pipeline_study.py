@@ -214,5 +214,5 @@ def run(config: PipelineConfig) -> list[Path]:
 
 
 STUDY = Study("pipeline", "pipeline bubble (schedule tables), throughput and memory per device (one "
-                          "bench process per point) vs micro-batches, GPipe vs 1F1B vs GEMS; writes "
+                          "bench process per point and round) vs micro-batches, GPipe vs 1F1B vs GEMS; writes "
                           "OUT/pipeline.json", PipelineConfig, QUICK, run)

@@ -265,5 +265,5 @@ def summary(study: dict) -> str:
 
 STUDY = Study("strategies", "one model under every strategy on the same devices: step time, images/s, "
                             "collective bytes, state and temp memory per device (one bench process "
-                            "per strategy); writes OUT/strategies.json and OUT/summary.md",
+                            "per strategy and round); writes OUT/strategies.json and OUT/summary.md",
               StrategiesConfig, QUICK, run)
