@@ -8,15 +8,17 @@ device (XLA's memory analysis of the compiled step: activations and the buffers 
 and state memory per device (GEMS holds two stages' parameters) are measured with one
 `bench` point per (schedule, M): the `pipeline` strategy (GEMS: `gems`) on S simulated CPU
 devices, mesh stage=S, beside `single` on one device at the same batch (the reference, and
-the cost check's anchor for this study's session), each measured --rounds times, round after round, each round's order rotated
-(`points.in_rounds`); a row is the point's median round (`points.median_round`).
+the cost check's anchor for this study's session), each measured --rounds times, round after
+round, each round's order rotated (`points.in_rounds`); a row is the point's median round
+(`points.median_round`).
 
     python -m experiments pipeline --out figures/data/pipeline       # full: S=4, M=1..32, minutes
     python -m experiments pipeline --quick --out /tmp/pipe           # S=2, M=1..4, tiny model
     python -m experiments pipeline --no-measure --out /tmp/pipe      # schedule tables only
 
 Writes OUT/pipeline.json (RunResult, kind 'pipeline') and one bench result per measured point
-and round under OUT/points/<schedule>-M<m>/r<k>/; a stopped study resumes from the points already there.
+and round under OUT/points/<schedule>-M<m>/r<k>/ (the reference: OUT/points/single/r<k>/); a
+stopped study resumes from the points already there.
 Simulated devices share the machine's cores, so the measured throughput shows the bubble
 only as far as idle stages free cores for busy ones: the figure states the cores.
 """
@@ -184,8 +186,9 @@ def run(config: PipelineConfig) -> list[Path]:
     ran = points.run([*rounds, *timed.values()], config.out, config.timeout)  # timelines: once
     by_folder = points.by_point(rounds, ran[:len(rounds)])
     outcomes = {key: by_folder[p.folder] for key, p in planned.items()}
-    single = {"images_per_sec": None, "step_ms": None} if not reference else \
-        measurement(by_folder[reference[0].folder], reference[0].folder)
+    single = {"images_per_sec": None, "step_ms": None}  # --no-measure: no reference either
+    for p in reference:
+        single = measurement(by_folder[p.folder], p.folder)
     timelines = {s: timeline_of(r, timed[s].folder) for s, r in zip(timed, ran[len(rounds):])}
     rows, tables = schedule_rows(config.stages, counts)
     point_env = None

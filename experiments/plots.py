@@ -210,6 +210,11 @@ def strategies_bars(data: dict, out: Path, png: str = "strategies.png") -> Path:
     handles = [plt.Rectangle((0, 0), 1, 1, color=FAMILY_COLOURS.get(f, "#333333")) for f in families]
     handles += [plt.Rectangle((0, 0), 1, 1, fc="white", ec="k"),
                 plt.Rectangle((0, 0), 1, 1, fc="white", ec="k", alpha=0.5, hatch="//")]
+    labels = families + ["measured (compiled program)", "theory"]
+    one_thread = data["metrics"].get("one_thread")  # the MPI rows' reference, when measured
+    if one_thread:
+        handles.append(axes.flat[0].axhline(one_thread["images_per_sec"], color="0.3", ls="-.", lw=1))
+        labels.append("single on one thread (each MPI rank's)")
     skipped = sorted({**data["metrics"].get("skipped", {}), **data["metrics"].get("failed", {})})
     note = f"; not run: {', '.join(skipped)}" if skipped else ""
     shape = "".join(f" {k} {cfg[k]}" for k in ("width", "depth")
@@ -220,7 +225,7 @@ def strategies_bars(data: dict, out: Path, png: str = "strategies.png") -> Path:
                  f"point ({env.get('threads_per_process', '?')} XLA threads; MPI ranks: 1 each); "
                  f"jax {env.get('jax', '?')}", fontsize=9)
     fig.tight_layout()
-    legend_below(fig, handles, families + ["measured (compiled program)", "theory"], ncol=7)
+    legend_below(fig, handles, labels, ncol=4 if one_thread else 7)
     return save(fig, out / png)
 
 
