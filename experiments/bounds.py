@@ -92,8 +92,9 @@ def plan(config: BoundsConfig) -> list[tuple[int, str, Point, float | None]]:
 def run(config: BoundsConfig) -> list[Path]:
     planned = plan(config)
     # in the planned order every round: `single` first at each device count
-    outcomes = points.run(points.in_rounds([p for _, _, p, _ in planned], config.rounds, rotate=False),
-                          config.out, config.timeout)
+    rounds = points.in_rounds([p for _, _, p, _ in planned], config.rounds, rotate=False)
+    points.refuse_other_rounds(rounds, config.out)
+    outcomes = points.run(rounds, config.out, config.timeout)
     per_point = [outcomes[i::len(planned)] for i in range(len(planned))]  # each point's rounds
     rows, single = [], {}
     for (n, label, p, limit), measured in zip(planned, per_point):

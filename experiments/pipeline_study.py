@@ -183,6 +183,7 @@ def run(config: PipelineConfig) -> list[Path]:
              if config.timeline_stages and counts_for(s, config.timeline_stages, [config.timeline_microbatches])}
     reference = [single_point(config)] if planned else []
     rounds = points.in_rounds([*reference, *planned.values()], config.rounds)
+    points.refuse_other_rounds(rounds, config.out)
     ran = points.run([*rounds, *timed.values()], config.out, config.timeout)  # timelines: once
     by_folder = points.by_point(rounds, ran[:len(rounds)])
     outcomes = {key: by_folder[p.folder] for key, p in planned.items()}

@@ -106,6 +106,22 @@ def by_point(rounds: list[Point], outcomes: list) -> dict[str, list]:
     return {folder: [by_round[k] for k in sorted(by_round)] for folder, by_round in found.items()}
 
 
+def refuse_other_rounds(rounds: list[Point], out: str | Path) -> None:
+    """ConfigError, before any work, when a point folder under OUT holds a round that `rounds`
+    (an `in_rounds` list) does not measure (an earlier run with a larger --rounds): the study
+    would report fewer rounds than the cost check and the scaling tables read there."""
+    planned: dict[str, set[int]] = {}
+    for p in rounds:
+        folder, _, k = p.folder.rpartition("/r")
+        planned.setdefault(folder, set()).add(int(k))
+    for folder, measured in planned.items():
+        extra = sorted(int(f.parent.name[1:]) for f in round_files(Path(out) / folder)
+                       if ROUND.fullmatch(f.parent.name) and int(f.parent.name[1:]) not in measured)
+        if extra:
+            raise ConfigError(f"{Path(out) / folder} holds round r{extra[-1]}, beyond --rounds "
+                              f"{len(measured)}; pass --rounds {extra[-1] + 1} (or more) or a fresh --out")
+
+
 def median_round(measured: list[results.RunResult]) -> results.RunResult:
     """The round whose median step is the median of the rounds' (for an even count, the faster
     of the middle two): the one a study's row reports, every other metric its own."""

@@ -107,6 +107,7 @@ def run(config: ScalingConfig) -> list[Path]:
     """Every point's rounds (resuming a stopped study), then OUT/summary.md; returns the
     rounds' folders."""
     planned = plan(config)
+    points.refuse_other_rounds(planned, config.out)
     points.run(planned, config.out, config.timeout)
     out = Path(config.out)
     table = summary(out)

@@ -185,6 +185,7 @@ def run(config: StrategiesConfig) -> list[Path] | None:
     planned = [point(s, config) for s in names]
     reference = [one_thread_point(config)] if any(_is_mpi(s) for s in names) else []
     rounds = points.in_rounds(planned + reference, config.rounds)
+    points.refuse_other_rounds(rounds, config.out)
     outcomes = points.by_point(rounds, points.run(rounds, config.out, config.timeout, keep_going=True))
     rows, failed, env, one_thread = [], {}, None, None
     labelled = [*zip(names, planned), *(("single, 1 thread", p) for p in reference)]

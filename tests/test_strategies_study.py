@@ -143,6 +143,21 @@ def test_rounds_measure_every_strategy_each_round_and_report_its_median_round(tm
     assert "median of 2 rounds" in (tmp_path / "summary.md").read_text()
 
 
+def test_fewer_rounds_than_the_folder_holds_are_refused_before_any_work(tmp_path, capsys):
+    """Reporting r0 while r1 lies beside it (which the cost check reads) would disagree: exit 2
+    naming the rounds to ask for, nothing run or written."""
+    import dataclasses
+
+    config = dataclasses.replace(study.QUICK, strategies=("single",), rounds=2, out=str(tmp_path))
+    assert study.run(config)
+    before = {f: f.stat().st_mtime_ns for f in tmp_path.rglob("*.json")}
+    assert run(["strategies", "--quick", "--strategies", "single", "--rounds", "1",
+                "--out", str(tmp_path)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "holds round r1, beyond --rounds 1" in err and "--rounds 2" in err and "fresh --out" in err
+    assert {f: f.stat().st_mtime_ns for f in tmp_path.rglob("*.json")} == before
+
+
 def test_rounds_are_grouped_by_point_and_the_median_round_picked():
     from types import SimpleNamespace
 
