@@ -87,11 +87,15 @@ def test_a_profile_times_the_collectives_across_emulated_hosts():
     assert cluster.leftovers() == []
     assert set(found["mpi"]) == {"mpi_allreduce", "mpi_gather", "mpi_bcast", "mpi_sendrecv"}
     assert set(found["distributed"]) == {"all-reduce", "all-gather", "reduce-scatter", "collective-permute"}
+    wire_s = (1 << 20) * 8 / 100e6  # 1 MiB at 100 Mbit/s: 84 ms (a reduce-scatter sends half)
     for kind in found.values():
         for op, fits in kind.items():
             (small, large), = ([p for p in fit["points"]] for fit in fits.values())
-            # 1 MB at 100 Mbit/s is 84 ms on the wire (a reduce-scatter sends half of it)
-            assert large[1] > (0.03 if op == "reduce-scatter" else 0.07) > small[1], (op, fits)
+            # At least 60% of the wire time, where memory would take ~1 ms: the token bucket
+            # (cluster.burst_bytes) and tbf's accounting let a little more through than the
+            # nominal rate (a gather measured 68 ms for its 84 ms of bytes).
+            share = 0.5 if op == "reduce-scatter" else 1.0
+            assert large[1] > 0.6 * share * wire_s > small[1], (op, fits)
 
 
 @pytest.fixture(scope="module")
