@@ -92,10 +92,9 @@ def plan(config: BoundsConfig) -> list[tuple[int, str, Point, float | None]]:
 def run(config: BoundsConfig) -> list[Path]:
     planned = plan(config)
     # in the planned order every round: `single` first at each device count
-    rounds = points.in_rounds([p for _, _, p, _ in planned], config.rounds, rotate=False)
-    points.refuse_other_rounds(rounds, config.out)
-    outcomes = points.run(rounds, config.out, config.timeout)
-    per_point = [outcomes[i::len(planned)] for i in range(len(planned))]  # each point's rounds
+    outcomes = points.run_rounds([p for _, _, p, _ in planned], config.rounds, config.out,
+                                 config.timeout, rotate=False)
+    per_point = [outcomes[p.folder] for _, _, p, _ in planned]  # each point's rounds
     rows, single = [], {}
     for (n, label, p, limit), measured in zip(planned, per_point):
         result, steps = measured[0], [r.metrics["step_time_ms_median"] for r in measured]
@@ -112,7 +111,7 @@ def run(config: BoundsConfig) -> list[Path]:
         print(f"{n} devices  {label:15s} {ms:8.2f} ms  {ratio:5.2f}x single"
               + ("" if limit is None else f"  (limit {limit}x: {'met' if ratio <= limit else 'NOT met'})"),
               flush=True)
-    env = outcomes[0].env
+    env = per_point[0][0].env
     study = results.RunResult(kind="bounds", config=dataclasses.asdict(config), env=env,
                               metrics={"rows": rows})
     path = results.write_atomic(Path(config.out) / "bounds.json", study.to_json() + "\n")

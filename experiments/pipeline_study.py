@@ -182,15 +182,14 @@ def run(config: PipelineConfig) -> list[Path]:
     timed = {s: timeline_point(config, s) for s in schedules.TABLES
              if config.timeline_stages and counts_for(s, config.timeline_stages, [config.timeline_microbatches])}
     reference = [single_point(config)] if planned else []
-    rounds = points.in_rounds([*reference, *planned.values()], config.rounds)
-    points.refuse_other_rounds(rounds, config.out)
-    ran = points.run([*rounds, *timed.values()], config.out, config.timeout)  # timelines: once
-    by_folder = points.by_point(rounds, ran[:len(rounds)])
+    by_folder = points.run_rounds([*reference, *planned.values()], config.rounds, config.out,
+                                  config.timeout)
     outcomes = {key: by_folder[p.folder] for key, p in planned.items()}
     single = {"images_per_sec": None, "step_ms": None}  # --no-measure: no reference either
     for p in reference:
         single = measurement(by_folder[p.folder], p.folder)
-    timelines = {s: timeline_of(r, timed[s].folder) for s, r in zip(timed, ran[len(rounds):])}
+    stamped = points.run(list(timed.values()), config.out, config.timeout)  # one stamped step each
+    timelines = {s: timeline_of(r, timed[s].folder) for s, r in zip(timed, stamped)}
     rows, tables = schedule_rows(config.stages, counts)
     point_env = None
     for r in rows:

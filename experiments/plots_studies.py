@@ -23,9 +23,10 @@ SCHEDULE_STYLE = {"gpipe": dict(color="C0", marker="o"), "1f1b": dict(color="C1"
 def pipeline_bubble(result: dict, out: Path) -> Path:
     """2x2 panels against micro-batches M, GPipe vs 1F1B (vs GEMS, when the file has it): the
     bubble of the schedule tables with (S-1)/(M+S-1) (GEMS: (S-2)/(2M+S-2)); measured
-    images/s; micro-batches held at once on the fullest device, with every device's count at
-    the M whose tables the file stores; temporary memory per device (XLA's memory analysis
-    of the compiled step) and, dotted, parameters + optimizer state per device.
+    images/s, with `single`'s at the same batch (dash-dot) when the file has it; micro-batches
+    held at once on the fullest device, with every device's count at the M whose tables the
+    file stores; temporary memory per device (XLA's memory analysis of the compiled step) and,
+    dotted, parameters + optimizer state per device.
 
     Args:
         result: the RunResult dict written by experiments/pipeline_study.py (pipeline.json).
@@ -34,6 +35,31 @@ def pipeline_bubble(result: dict, out: Path) -> Path:
     plt = pyplot()
     data, cfg = result["metrics"], result["config"]
     fig, axes = plt.subplots(2, 2, figsize=(10, 8))
+    (bub, tput), (flight, mem) = axes
+    _schedule_lines(axes, data)
+    single = (data.get("single") or {}).get("images_per_sec")
+    reference = [tput.axhline(single, color="0.4", ls="-.", lw=1)] if single else []
+    per_stage = []
+    for name, table in data.get("tables", {}).items():  # every stage, from the stored tables
+        counts = schedules.peak_in_flight(table["table"])
+        per_stage.append(f"{name}, M={table['M']}: " + ", ".join(map(str, counts)))
+    if per_stage:
+        flight.text(0.03, 0.97, "per device 0..S-1\n" + "\n".join(per_stage), transform=flight.transAxes,
+                    va="top", fontsize=8, bbox=dict(fc="white", ec="0.8"))
+    _pipeline_axes(axes, data)
+    env = data.get("point_env") or result.get("env", {})
+    fig.suptitle(f"Pipeline, S={data['stages']} stages on {data['stages']} simulated CPU devices sharing "
+                 f"{env.get('cpu_cores', '?')} cores; stack-mlp width {cfg.get('width')} x "
+                 f"{cfg.get('depth')} blocks, batch {cfg.get('batch_size')}", fontsize=10)
+    fig.tight_layout()
+    handles, labels = bub.get_legend_handles_labels()
+    legend_below(fig, handles + reference, labels + ["single, 1 device"] * len(reference))
+    return save(fig, out / "pipeline_bubble.png")
+
+
+def _schedule_lines(axes, data: dict) -> None:
+    """Each schedule's bubble, throughput, micro-batches in flight and memory against M, and
+    the bubble formulas beside the tables' bubbles."""
     (bub, tput), (flight, mem) = axes
     for name, style in SCHEDULE_STYLE.items():
         rows = [r for r in data["rows"] if r["schedule"] == name]
@@ -49,22 +75,16 @@ def pipeline_bubble(result: dict, out: Path) -> Path:
         if any(r.get("state_bytes") for r in timed):
             mem.plot([r["M"] for r in timed], [r["state_bytes"] / 2 ** 20 for r in timed], ls=":",
                      color=style["color"])
-    single = (data.get("single") or {}).get("images_per_sec")
-    reference = []  # the reference at the same batch, when the file has it
-    if single:
-        reference = [tput.axhline(single, color="0.4", ls="-.", lw=1)]
     for names, line, label in ((schedules.SCHEDULES, "k--", "(S-1)/(M+S-1)"),
                                ((GEMS,), "g:", "(S-2)/(2M+S-2)")):
         theory = sorted({(r["M"], r["theory"]) for r in data["rows"] if r["schedule"] in names})
         if theory:
             bub.plot(*zip(*theory), line, lw=1, label=label)
-    per_stage = []
-    for name, table in data.get("tables", {}).items():  # every stage, from the stored tables
-        counts = schedules.peak_in_flight(table["table"])
-        per_stage.append(f"{name}, M={table['M']}: " + ", ".join(map(str, counts)))
-    if per_stage:
-        flight.text(0.03, 0.97, "per device 0..S-1\n" + "\n".join(per_stage), transform=flight.transAxes,
-                    va="top", fontsize=8, bbox=dict(fc="white", ec="0.8"))
+
+
+def _pipeline_axes(axes, data: dict) -> None:
+    """Titles, labels and the shared log2 M axis of pipeline_bubble's panels."""
+    (bub, tput), (flight, mem) = axes
     for ax, title, label in ((bub, "Bubble (from the schedule tables)", "idle share of stage-slots"),
                              (tput, "Throughput (measured)", "images/s"),
                              (flight, "Micro-batches held at once, fullest device", "micro-batches"),
@@ -83,15 +103,6 @@ def pipeline_bubble(result: dict, out: Path) -> Path:
     for a in (tput, mem):
         if not any(r.get("images_per_sec") for r in data["rows"]):
             a.text(0.5, 0.5, "not measured (--no-measure)", ha="center", transform=a.transAxes)
-    env = data.get("point_env") or result.get("env", {})
-    fig.suptitle(f"Pipeline, S={data['stages']} stages on {data['stages']} simulated CPU devices sharing "
-                 f"{env.get('cpu_cores', '?')} cores; stack-mlp width {cfg.get('width')} x "
-                 f"{cfg.get('depth')} blocks, batch {cfg.get('batch_size')}", fontsize=10)
-    fig.tight_layout()
-    handles, labels = bub.get_legend_handles_labels()
-    handles, labels = handles + reference, labels + ["single, 1 device"] * len(reference)
-    legend_below(fig, handles, labels)
-    return save(fig, out / "pipeline_bubble.png")
 
 
 def pipeline_schedule(result: dict, out: Path) -> Path:

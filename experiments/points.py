@@ -122,6 +122,23 @@ def refuse_other_rounds(rounds: list[Point], out: str | Path) -> None:
                               f"{len(measured)}; pass --rounds {extra[-1] + 1} (or more) or a fresh --out")
 
 
+def run_rounds(planned: list[Point], rounds: int, out: str | Path, timeout: float,
+               rotate: bool = True, keep_going: bool = False) -> dict[str, list]:
+    """`planned` measured `rounds` times over (`in_rounds`, then `run`), once OUT is known to
+    hold no other rounds of them (`refuse_other_rounds`): {FOLDER: [round 0's, round 1's, ...]}."""
+    measured = in_rounds(planned, rounds, rotate)
+    refuse_other_rounds(measured, out)
+    return by_point(measured, run(measured, out, timeout, keep_going))
+
+
+def rounds_note(rounds: int, what: str) -> str:
+    """How a study's rows were measured, for its summary: one process per `what` and round."""
+    if rounds == 1:
+        return f"one process per {what}"
+    return (f"each {what} the median of {rounds} rounds, one process per {what} and round, the "
+            "rounds one after another")
+
+
 def median_round(measured: list[results.RunResult]) -> results.RunResult:
     """The round whose median step is the median of the rounds' (for an even count, the faster
     of the middle two): the one a study's row reports, every other metric its own."""

@@ -132,17 +132,9 @@ def summary(folder: Path) -> str:
     if rows:
         env = rows[0]["env"]
         lines.append(f"\n{env['cpu_cores']} CPU cores shared by all simulated devices of a point; "
-                     f"threads: {env['threads']}; jax {env['jax']}; {rounds_note(found)}.")
+                     f"threads: {env['threads']}; jax {env['jax']}; {points.rounds_note(max((p['rounds'] for p in found), default=1), 'point')}.")
     ranks = rank_scaling.table(found)
     return "\n".join(lines) + "\n" + (f"\n{ranks}" if ranks else "")
-
-
-def rounds_note(found: list[dict]) -> str:
-    """How the points' steps were measured: one process per point and round."""
-    n = max((p["rounds"] for p in found), default=1)
-    return ("one process per point" if n == 1 else
-            f"each point the median of {n} rounds, one process per point and round, the rounds "
-            "one after another")
 
 
 STUDY = Study("scaling", "data-parallel strategies over device counts (or MPI ranks: --ranks), strong "

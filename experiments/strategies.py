@@ -184,9 +184,8 @@ def run(config: StrategiesConfig) -> list[Path] | None:
     names, skipped = plan(config)
     planned = [point(s, config) for s in names]
     reference = [one_thread_point(config)] if any(_is_mpi(s) for s in names) else []
-    rounds = points.in_rounds(planned + reference, config.rounds)
-    points.refuse_other_rounds(rounds, config.out)
-    outcomes = points.by_point(rounds, points.run(rounds, config.out, config.timeout, keep_going=True))
+    outcomes = points.run_rounds(planned + reference, config.rounds, config.out, config.timeout,
+                                 keep_going=True)
     rows, failed, env, one_thread = [], {}, None, None
     labelled = [*zip(names, planned), *(("single, 1 thread", p) for p in reference)]
     for label, planned_point in labelled:
@@ -219,13 +218,6 @@ def one_thread_note(one_thread: dict) -> str:
             f"{one_thread['ms_per_step']:.1f} ms/step ({one_thread['images_per_sec']:,.0f} images/s).")
 
 
-def _rounds_note(rounds: int) -> str:
-    if rounds == 1:
-        return "one process per strategy"
-    return (f"each row the median of {rounds} rounds, one process per strategy and round, "
-            "the rounds one after another")
-
-
 def _bytes(n: int | None) -> str:
     return "–" if n is None else f"{n:,}"
 
@@ -236,7 +228,7 @@ def summary(study: dict) -> str:
     sizes = "".join(f" {k} {cfg[k]}" for k in ("width", "depth") if k in takes(cfg["model"]))
     lines = [f"{cfg['model']}{sizes}, global batch "
              f"{cfg['batch_size']}, {cfg['devices']} devices per strategy, median of {cfg['iters']} "
-             f"steps after {cfg['warmup']}; {_rounds_note(cfg.get('rounds', 1))}.\n",
+             f"steps after {cfg['warmup']}; {points.rounds_note(cfg.get('rounds', 1), 'strategy')}.\n",
              "| strategy | mesh | ms/step | images/s | compile s | collective B/step (theory) | "
              "state B/device | temp/activation B/device |",
              "|---|---|---|---|---|---|---|---|"]
