@@ -24,7 +24,8 @@ from experiments.cli import (BENCH, build_parser, cluster_arguments, config_from
                              options_from_args)
 from experiments.options import BenchOptions
 from experiments.run import execute
-from jaxpar import data, distributed, results
+from jaxpar import data, results
+from jaxpar.runtime import distributed
 from jaxpar.checkpoint import Interrupted
 from jaxpar.errors import Diverged, UserError
 
@@ -113,7 +114,7 @@ def _dispatch(args, console) -> int:
     if args.command == "prepare-data":
         if config.data.dataset == "synthetic":
             raise ValueError("--dataset synthetic is generated on the fly; nothing to prepare")
-        from jaxpar import tfds_idx  # TFDS takes seconds to import; only this command needs it
+        from jaxpar.data import tfds_idx  # TFDS takes seconds to import; only this command needs it
 
         start = time.perf_counter()
         tfds_idx.prepare(config.data.dataset, config.data.data_dir, data.cache_dir(config.data))

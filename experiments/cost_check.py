@@ -26,7 +26,7 @@ from experiments import predict as predictlib
 from jaxpar import cost, results
 from jaxpar.errors import ConfigError, ResultsError
 from jaxpar.parallel import STRATEGIES
-from jaxpar.profiling import model_key
+from jaxpar.profiling.machine import model_key
 
 # (study, the results files under the data folder). A point measured in rounds (the strategies,
 # scaling and pipeline studies', peers' jaxpar rows, the bounds study's) holds r<k>/result.json:

@@ -32,7 +32,8 @@ from experiments.options import BenchOptions, option
 from experiments.points import Point, PointError
 from experiments.study import Study, at_least, distinct
 from experiments.torch_point import TorchPoint
-from jaxpar import optional, results
+from jaxpar.runtime import optional
+from jaxpar import results
 from jaxpar.config import TrainConfig, with_options
 from jaxpar.errors import ConfigError
 from jaxpar.parallel import STRATEGIES

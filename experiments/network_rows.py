@@ -39,7 +39,7 @@ def sends(strategy: str) -> str:
 
 def theory_wire(theory: dict, processes: int, implementation: str | None) -> tuple[int | None, str]:
     """Bytes per step the busier direction of a rank's link carries by the strategy's theory,
-    and how they follow from it. Collective operand bytes (`jaxpar.theory`) become bytes sent
+    and how they follow from it. Collective operand bytes (each strategy's `theory()`) become bytes sent
     by the usual algorithms over N processes: all-reduce (ring) 2(N-1)/N of its operand,
     reduce-scatter (N-1)/N of its whole operand, all-gather (N-1) shards, collective-permute
     its operand; a host-driven (mpmd) pipeline's permutes count both directions of a boundary."""

@@ -36,7 +36,8 @@ from experiments.peers_jaxpar import train_config
 from experiments.points import Point, PointError
 from experiments.study import Study, at_least, distinct
 from experiments.torch_point import ADAM_KERNELS, TorchPoint
-from jaxpar import optional, results
+from jaxpar.runtime import optional
+from jaxpar import results
 from jaxpar.errors import ConfigError, ResultsError
 from jaxpar.models import abstract_model, param_count
 from jaxpar.parallel import STRATEGIES

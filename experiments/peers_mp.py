@@ -8,7 +8,7 @@ and DTensor tensor parallelism (experiments/torch_parallel.py); jaxpar: `mpi-pip
 stage per MPI rank), `pipeline` on one jax.distributed mesh over the ranks and, for
 completeness, on simulated devices in one process, and `tensor` over the ranks. Rank points
 run --ranks processes x 1 thread. Both pipelines cut the model where jaxpar cuts it for --ranks
-stages (`jaxpar.parallel.finer.plan`: the CNN inside conv2). Every configuration is measured in
+stages (`jaxpar.parallel.pipeline.inner_cut.plan`: the CNN inside conv2). Every configuration is measured in
 each of --rounds interleaved rounds (experiments.peers.rounds); a row is the median of the
 round medians, its ratio jaxpar / PyTorch of the same kind (pipeline of the same schedule,
 tensor parallelism). The section's rows, settings and load go to peers.json under
@@ -26,7 +26,7 @@ from experiments.points import Point
 from experiments.torch_point import TorchPoint
 from jaxpar.config import TrainConfig, with_options
 from jaxpar.errors import ConfigError
-from jaxpar.parallel import finer
+from jaxpar.parallel.pipeline import inner_cut as finer
 
 
 SECTION = "model-parallel"

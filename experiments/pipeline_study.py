@@ -2,7 +2,7 @@
 S stages, GPipe vs 1F1B vs GEMS (bidirectional replicas, `--strategy gems`).
 
 The bubble and the peak micro-batches in flight come from the schedule tables
-(jaxpar.parallel.schedules), with GPipe's (S-1)/(M+S-1) beside them (GEMS: its own
+(jaxpar.parallel.pipeline.schedules), with GPipe's (S-1)/(M+S-1) beside them (GEMS: its own
 (S-2)/(2M+S-2); even S and M only). Throughput (images/s, median step), temporary memory per
 device (XLA's memory analysis of the compiled step: activations and the buffers around them)
 and state memory per device (GEMS holds two stages' parameters) are measured with one
@@ -37,8 +37,8 @@ from jaxpar import results
 from jaxpar.config import TrainConfig, with_options
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE, format_mesh
-from jaxpar.parallel import schedules
-from jaxpar.parallel.gems import Gems
+from jaxpar.parallel.pipeline import schedules
+from jaxpar.parallel.pipeline.gems import Gems
 
 MODEL = "stack-mlp"  # its blocks make stages of equal cost: the bubble is the schedule's alone
 PICTURE_MAX_M = 8  # the schedule picture uses the largest M up to this (readable blocks)

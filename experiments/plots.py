@@ -14,7 +14,7 @@ from pathlib import Path
 
 from experiments import speedup
 from jaxpar import models
-from jaxpar.optional import require
+from jaxpar.runtime.optional import require
 from jaxpar.parallel import FAMILIES, STRATEGIES
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")

@@ -11,8 +11,8 @@ from pathlib import Path
 from experiments.machine_rows import machine_name
 from experiments.plots import (REGIMES, legend_below, plain_log_axis, pyplot, save, scaling_regimes,
                                strategy_style)
-from jaxpar.parallel import schedules
-from jaxpar.parallel.gems import Gems
+from jaxpar.parallel.pipeline import schedules
+from jaxpar.parallel.pipeline.gems import Gems
 
 GEMS = Gems.name  # its schedule table has the strategy's name (schedules.TABLES)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from experiments.options import option
 from jaxpar import cost
 from jaxpar.config import ModelConfig
-from jaxpar.cost_strategies import Problem
+from jaxpar.cost import Problem
 from jaxpar.errors import ConfigError
 from jaxpar.parallel import STRATEGIES
 
@@ -55,7 +55,7 @@ def compute_source(profile: dict, device: str = PROFILED):
 
 
 def _compute_source(profile: dict, device: str):
-    from jaxpar import profiling
+    from jaxpar.profiling import machine as profiling
 
     models, kinds, peak = profile["models"], profile["kinds"], profile["matmul_peak_gflops"]
     biggest = max(models.values(), key=lambda e: sum(l["param_bytes"] for l in e["layers"]))
@@ -186,7 +186,7 @@ def parse_bytes(text: str) -> float:
 
 
 def model_key_of(model: str, depth: int | None, width: int | None) -> str:
-    from jaxpar.profiling import model_key
+    from jaxpar.profiling.machine import model_key
 
     return model_key(ModelConfig(model, depth=depth, width=width))
 

@@ -4,7 +4,7 @@
     python -m experiments profile --quick --out /tmp/profile        # seconds: the MLP only
     python -m experiments profile --links 100mbit,1gbit,10gbit,unlimited --out figures/data/cost
 
-Writes OUT/profile.json (a RunResult of kind "profile": `jaxpar.profiling`'s measurements,
+Writes OUT/profile.json (a RunResult of kind "profile": `jaxpar.profiling.machine`'s measurements,
 with the machine in `env`). Simulates COLLECTIVE_DEVICES' largest count of CPU devices, so run
 it as its own process (JAX fixes the device count when it starts).
 """
@@ -42,14 +42,14 @@ def link_profile(bandwidths, sizes=LINK_SIZES, iters: int = LINK_ITERS) -> dict:
     collectives between 2 emulated hosts, one single-threaded rank each, on a cluster made for
     each bandwidth (removed however the block ends): what the network study's points pay."""
     from experiments import cluster
-    from jaxpar import profiling
+    from jaxpar.profiling import machine as profiling
 
     found = {}
     for bw in bandwidths:
         print(f"collectives across 2 emulated hosts at {bw}", flush=True)
         with cluster.running(2, bw):
             entry = {}
-            for kind, module in (("mpi", "jaxpar.profiling_mpi"), ("distributed", "jaxpar.profiling_dist")):
+            for kind, module in (("mpi", "jaxpar.profiling.mpi_rank"), ("distributed", "jaxpar.profiling.dist_rank")):
                 fits, why = profiling.mpi_profile(LINK_RANKS, sizes, iters, module=module, launch=cluster.mpiexec)
                 if why:
                     raise UserError(f"--links {bw}: the {kind} collectives across hosts failed: {why}")
@@ -59,7 +59,7 @@ def link_profile(bandwidths, sizes=LINK_SIZES, iters: int = LINK_ITERS) -> dict:
 
 
 def run(args: ProfileOptions) -> Path:
-    from jaxpar import profiling  # imports JAX: after the device count is set
+    from jaxpar.profiling import machine as profiling  # imports JAX: after the device count is set
 
     try:
         meshlib.simulate_cpu_devices(max(profiling.COLLECTIVE_DEVICES))

@@ -21,7 +21,7 @@ from jaxpar import results
 from jaxpar.config import TrainConfig, to_dict
 from jaxpar.mesh import format_mesh
 from jaxpar.parallel import STRATEGIES
-from jaxpar.parallel.gems import Gems
+from jaxpar.parallel.pipeline.gems import Gems
 
 def theory_total(theory: Any) -> int | None:
     """A result's collective-bytes theory as one number (None: no closed form)."""

@@ -35,7 +35,7 @@ from jaxpar import data as datalib
 from jaxpar.results import write_atomic
 
 BETAS, EPS = (0.9, 0.999), 1e-8  # optax.adam's defaults: jaxpar's Adam
-PEAK_N, PEAK_REPEATS = 2048, 10  # as jaxpar.measure.matmul_peak
+PEAK_N, PEAK_REPEATS = 2048, 10  # as jaxpar.profiling.measure.matmul_peak
 
 
 def cores() -> list[int]:

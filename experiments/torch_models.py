@@ -141,7 +141,7 @@ def layers(twin: nn.Module, channels: int | None = None) -> list[tuple[str, nn.M
     pipeline cuts into stages. Each wraps the twin's own modules (no copy of a parameter), and
     run in order they are the twin's forward (tests/test_peers.py checks both). `channels`:
     the CNN's conv2 as two layers, its first `channels` output channels and the rest, as
-    jaxpar's pipelines cut it (`jaxpar.parallel.finer`, `CNNCut`)."""
+    jaxpar's pipelines cut it (`jaxpar.parallel.pipeline.inner_cut`, `CNNCut`)."""
     if isinstance(twin, MLP):
         hidden = [(f"hidden{i}", nn.Sequential(nn.Flatten(1), layer, nn.ReLU()))
                   for i, layer in enumerate(twin.hidden)]
@@ -211,7 +211,7 @@ class Contiguous(nn.Module):
 
 def stage(twin: nn.Module, starts: tuple[int, ...], index: int, channels: int | None = None) -> nn.Sequential:
     """Stage `index` of the twin cut at `starts` (first layer of each stage, as
-    jaxpar.parallel.finer.plan gives them; `channels`: conv2 in two layers); the first stage
+    jaxpar.parallel.pipeline.inner_cut.plan gives them; `channels`: conv2 in two layers); the first stage
     normalises the images, every stage but the last hands on a row-major tensor (what gloo
     sends)."""
     found = layers(twin, channels)

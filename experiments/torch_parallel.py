@@ -8,7 +8,7 @@ initialised, seeded) and returns what it measured.
 
 The step is torch_bench's: uint8 images normalised in the first stage, mean cross-entropy,
 backward, Adam (fused: one parameter group per tensor kind, see `tensor_rank`). Pipeline
-stages are the twin cut at the point's `stage_starts` (jaxpar.parallel.partition.cut's cut,
+stages are the twin cut at the point's `stage_starts` (jaxpar.parallel.pipeline.partition.cut's cut,
 so both frameworks run the same stages); each rank keeps only its stage and that stage's
 optimizer state. The schedule splits the global batch into `microbatches` and averages the
 micro-batch gradients (its scale_grads), so a step is one global-batch step.

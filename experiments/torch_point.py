@@ -54,7 +54,7 @@ class TorchPoint:
       microbatches: micro-batches per global batch (pipelines only).
       stage_starts: first layer of each stage, one stage per rank (pipelines only).
       cut_channels: the CNN's conv2 held as two layers split after this output channel, as
-        jaxpar's pipelines cut it (`jaxpar.parallel.finer`); None: whole layers.
+        jaxpar's pipelines cut it (`jaxpar.parallel.pipeline.inner_cut`); None: whole layers.
     """
 
     folder: str

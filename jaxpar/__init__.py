@@ -7,7 +7,7 @@ loop), `bench.benchmark`, `parallel.STRATEGIES`. The command line is `python -m 
 (see README.md).
 """
 
-from jaxpar import host_memory
+from jaxpar.runtime import host_memory
 from jaxpar.mesh import cpu_backend_expected, eigen_cpu_convolutions
 
 eigen_cpu_convolutions()  # before any JAX backend starts: XLA reads XLA_FLAGS once

@@ -28,11 +28,12 @@ import numpy as np
 from flax import nnx
 
 from jaxpar import data as datalib
-from jaxpar import distributed, models, results
+from jaxpar.runtime import distributed
+from jaxpar import models, results
 from jaxpar import bench as benchlib
 from jaxpar.config import TrainConfig, with_options
 from jaxpar.data import Dataset
-from jaxpar.distributed import launcher
+from jaxpar.runtime.distributed import launcher
 from jaxpar.errors import ConfigError, Diverged
 from jaxpar.mesh import WITHIN_FIRST, describe_layout, simulate_cpu_devices
 from jaxpar.parallel import STRATEGIES

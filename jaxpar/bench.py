@@ -18,11 +18,11 @@ import jax
 import numpy as np
 
 from jaxpar import data as datalib
-from jaxpar import measure
+from jaxpar.profiling import measure
 from jaxpar.config import TrainConfig, to_dict
 from jaxpar.errors import ConfigError
 from jaxpar.optim import make_optimizer
-from jaxpar.parallel import host_timeline
+from jaxpar.parallel.pipeline import timeline as host_timeline
 from jaxpar.results import RunResult, capture_provenance, environment
 from jaxpar.train import build_model, make_strategy
 from jaxpar.validate import validate

@@ -31,9 +31,9 @@ import jax
 import numpy as np
 
 from jaxpar.config import RESUME_AUTO, TrainConfig, to_dict
-from jaxpar.distributed import mpi_rank
+from jaxpar.runtime.distributed import mpi_rank
 from jaxpar.errors import ConfigError
-from jaxpar.optional import require
+from jaxpar.runtime.optional import require
 
 FORMAT = "jaxpar-checkpoint-v1"
 TMP_MARK = ".orbax-checkpoint-tmp"  # in the name of a folder orbax has not finished writing

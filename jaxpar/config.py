@@ -82,7 +82,7 @@ class ParallelConfig:
     schedule: str = _opt("gpipe", "pipeline schedule: gpipe (fill-drain) | 1f1b")
     remat: bool = _opt(False, "pipeline: recompute stage activations in the backward pass")
     pipeline_impl: str = _opt("auto", "pipeline, gems, hybrid: how stages run: spmd (one program, stages as lax.switch branches in a loop) | mpmd (one program per stage, the schedule driven from the host) | auto (mpmd on a CPU, whose control flow runs convolutions on a slow path; spmd elsewhere)")
-    # None: stages balanced by XLA's FLOP count of each layer (jaxpar.parallel.partition).
+    # None: stages balanced by XLA's FLOP count of each layer (jaxpar.parallel.pipeline.partition).
     stage_boundaries: tuple[int, ...] | None = _opt(None, "layer-split, pipeline, gems: the first layer of each stage after the first, e.g. 2,5 (default: balanced by FLOPs)")
     distributed: str = _opt("auto", "join processes with jax.distributed: auto (when launched by mpiexec/srun) | mpi | slurm | none")
     single_thread: bool = _opt(False, "one XLA thread per device, each process pinned to as many cores (rank r of D devices: cores r*D .. r*D+D-1, modulo the cores; honest rank and device scaling); CPU backend only")

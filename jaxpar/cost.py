@@ -1,7 +1,7 @@
 """The cost model: a strategy's step time (compute, exposed communication, pipeline bubble) and
 memory per device, predicted from what the strategy states about itself
-(`Strategy.cost`, jaxpar/cost_strategies.py) and a machine: a measured profile
-(`jaxpar.profiling`) or assumed hardware (DEVICES, LINKS).
+(`Strategy.cost`, each strategy family's `cost` module) and a machine: a measured profile
+(`jaxpar.profiling.machine`) or assumed hardware (DEVICES, LINKS).
 
     profile = load_profile("figures/data/cost/profile.json")
     machine = simulated(profile)                       # this machine's CPU devices
@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from dataclasses import field
 from typing import Callable
 
 import numpy as np
@@ -216,7 +217,7 @@ def _typical_ms(steps: dict) -> list[float]:
 
 
 def profiled_compute(entry: dict, key: str, one_thread: bool = False, leaf_bytes=()) -> Compute:
-    """A model's `Compute` from a profile entry (`jaxpar.profiling`); `one_thread`: the
+    """A model's `Compute` from a profile entry (`jaxpar.profiling.machine`); `one_thread`: the
     one-thread step times (an MPI rank's)."""
     steps = entry["steps_one_thread"] if one_thread and "steps_one_thread" in entry else entry["steps"]
     line = step_line(steps["batch"], _typical_ms(steps))
@@ -440,3 +441,32 @@ def cluster(model_compute: Callable[[str, bool], Compute], link: Link, memory_by
     """Dedicated devices joined by `link`: every device computes at once."""
     return Machine(name, model_compute, lambda c: link_seconds(link, c), slots=1 << 30,
                    memory_bytes=memory_bytes, notes=(f"link {link.name}: {link.source}",))
+
+
+SUMS = 3 * F32   # the metric sums every data-parallel step all-reduces
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a strategy's cost is asked for: the model's measured `Compute`, the mesh axes, the
+    global batch and the options that change the step (micro-batches, schedule, sync period,
+    formulation). Each strategy turns it into a `Work` (`Strategy.cost`), `predict` into time."""
+
+    compute: Compute
+    axes: dict = field(default_factory=dict)   # {"data": D, "tensor": T, "stage": S}; ranks as data/stage
+    batch: int = 128
+    microbatches: int = 4
+    schedule: str = "gpipe"
+    sync_every: int = 1
+    model: dict = field(default_factory=dict)  # the model config (tensor's collective bytes)
+    implementation: str = "spmd"  # pipelines: one program ("spmd") or one per stage ("mpmd")
+    collective_form: str = "native"  # tensor's CNN split: XLA's gathers or "permute" (comm_forms)
+    cut_inside: bool = False  # pipelines: the CNN's conv2 parted between stages (`finer`)
+
+    def size(self, axis: str) -> int:
+        return int(self.axes.get(axis, 1))
+
+    @property
+    def devices(self) -> int:
+        return self.size("data") * self.size("tensor") * self.size("stage")
+

@@ -26,7 +26,7 @@ import numpy as np
 
 from jaxpar import data as datalib
 from jaxpar.errors import DataError
-from jaxpar.idx import find_idx_files
+from jaxpar.data.idx import find_idx_files
 
 # The folder git is asked about: the checkout this package was imported from.
 REPO_DIR = Path(__file__).resolve().parent

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jaxpar import gloo_poller, host_memory, mesh, provenance
-from jaxpar.distributed import mpi_rank
+from jaxpar.runtime import gloo_poller, host_memory
+from jaxpar import mesh, provenance
+from jaxpar.runtime.distributed import mpi_rank
 from jaxpar.errors import ResultsError
 
 # Read where a run starts from (revision, dirty diff, data source): see jaxpar/provenance.py.

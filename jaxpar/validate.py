@@ -24,16 +24,16 @@ from flax import nnx
 from jaxpar import config as configlib
 from jaxpar import data as datalib
 from jaxpar.config import TrainConfig
-from jaxpar.distributed import MODES
+from jaxpar.runtime.distributed import MODES
 from jaxpar.errors import ConfigError, MeshError
-from jaxpar import measure
+from jaxpar.profiling import measure
 from jaxpar.mesh import STAGE
 from jaxpar.models import ACTIVATIONS, BUILTIN, CONV_IMPLS, MODELS, OPTIONS, abstract_model, takes
 from jaxpar.models.sequence import Layer, apply
 from jaxpar.optim import OPTIMIZERS, SCHEDULES
 from jaxpar.parallel import STRATEGIES
-from jaxpar.parallel.pipeline_common import PIPELINE_IMPLS
-from jaxpar.parallel.schedules import SCHEDULES as PIPELINE_SCHEDULES
+from jaxpar.parallel.pipeline.common import PIPELINE_IMPLS
+from jaxpar.parallel.pipeline.schedules import SCHEDULES as PIPELINE_SCHEDULES
 
 
 class Live(Sequence):

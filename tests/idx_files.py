@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxpar.idx import write_idx
+from jaxpar.data.idx import write_idx
 
 N_TRAIN, N_TEST = 64, 16
 FILES = {

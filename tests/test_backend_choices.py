@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxpar import distributed, mesh, train
+from jaxpar.runtime import distributed
+from jaxpar import mesh, train
 from jaxpar.errors import ConfigError
 from jaxpar.models import cnn, layers, make_model, onednn, resnet
-from jaxpar.parallel import dp_common
+from jaxpar.parallel.data_parallel import common as dp_common
 
 
 @pytest.fixture
@@ -141,7 +142,7 @@ def test_gradient_accumulation_is_a_loop_except_on_the_cpu(monkeypatch, backend,
 @pytest.mark.parametrize("backend, transfers_wanted", [("cpu", True), ("gpu", False)])
 def test_moves_across_processes_are_transfers_only_on_the_cpu(monkeypatch, backend, transfers_wanted):
     """XLA:CPU's collective-permute makes the two processes take turns; on GPUs it rides NCCL."""
-    from jaxpar.parallel import transfers
+    from jaxpar.parallel.transport import transfers
 
     fake_backend(monkeypatch, backend)
     assert transfers.wanted() is transfers_wanted
@@ -152,7 +153,7 @@ def test_moves_across_processes_are_transfers_only_on_the_cpu(monkeypatch, backe
 def test_stage_programs_cut_inside_a_layer_where_each_stage_has_a_worker(monkeypatch, backend, processes, inside):
     """`pipeline`'s stage programs cut the CNN inside conv2 on accelerators and across
     processes; simulated CPU devices in one process share the cores `single` fills."""
-    from jaxpar.parallel import pipeline_mpmd
+    from jaxpar.parallel.pipeline import mpmd as pipeline_mpmd
 
     fake_backend(monkeypatch, backend)
     monkeypatch.setattr(jax, "process_count", lambda: processes)

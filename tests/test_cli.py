@@ -5,7 +5,7 @@ import json
 import pytest
 
 from experiments.__main__ import run
-from jaxpar import idx
+from jaxpar.data import idx
 
 TINY = ["--dataset", "synthetic", "--synthetic-size", "600", "--val-size", "100",
         "--model", "mlp", "--width", "32", "--depth", "1", "--steps", "3", "--no-progress"]

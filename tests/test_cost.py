@@ -16,8 +16,9 @@ from experiments import cost_check
 from experiments import predict as predictlib
 from experiments.__main__ import run
 from experiments.tables import TABLES
-from jaxpar import cost, cost_strategies, results
-from jaxpar.cost_strategies import Problem
+from jaxpar import cost, results
+from jaxpar.cost import Problem
+from jaxpar.parallel.pipeline.cost import stage_layers
 from jaxpar.parallel import STRATEGIES
 
 DATA = ROOT / "figures" / "data"
@@ -280,9 +281,9 @@ def test_jax_distributed_processes_are_priced_on_their_own_collectives():
 
 
 def test_the_collectives_across_jax_distributed_processes_are_profiled():
-    from jaxpar import profiling
+    from jaxpar.profiling import machine as profiling
 
-    fits, note = profiling.mpi_profile((2,), profiling.QUICK_COLLECTIVE_BYTES, 2, module="jaxpar.profiling_dist")
+    fits, note = profiling.mpi_profile((2,), profiling.QUICK_COLLECTIVE_BYTES, 2, module="jaxpar.profiling.dist_rank")
     assert note == "" and set(fits) == set(profiling.COLLECTIVE_OPS)
     for fit in (f["2"] for f in fits.values()):
         assert fit["bytes_per_s"] > 0 and len(fit["points"]) == 2 and all(t > 0 for _, t in fit["points"])
@@ -314,7 +315,7 @@ def test_gems_updates_both_copies_and_swaps_every_stages_gradient():
     assert sum(two.device_s) == pytest.approx(2 * sum(one.device_s))
     # device d holds stage d of one copy and stage S-1-d of the other, each at its own size
     # (the SPMD layout pads both to the largest)
-    stages = [sum(compute.layers[i].param_bytes for i in r) for r in cost_strategies._stage_layers(problem, 4)]
+    stages = [sum(compute.layers[i].param_bytes for i in r) for r in stage_layers(problem, 4)]
     assert two.state_bytes == pytest.approx(3 * max(stages[d] + stages[3 - d] for d in range(4)))
     spmd = dataclasses.replace(problem, implementation="spmd")
     assert STRATEGIES["gems"].cost(spmd).state_bytes == 2 * STRATEGIES["pipeline"].cost(spmd).state_bytes

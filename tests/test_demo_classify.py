@@ -202,7 +202,7 @@ def test_the_demo_downloads_nothing(monkeypatch, tmp_path):
     """A dataset neither prepared nor on disk is refused with the command that prepares it,
     instead of the download `train` would start."""
     from experiments.demo.models import check_offline
-    from jaxpar import idx
+    from jaxpar.data import idx
     from jaxpar.errors import DataError
 
     monkeypatch.setenv("JAXPAR_CACHE", str(tmp_path))

@@ -1,5 +1,5 @@
 """Sentences in docs/ that say "tested", each checked exactly as worded (the byte claims are in
-tests/test_theory_bytes.py). Change a claim and its test together."""
+tests/parallel/test_theory_bytes.py). Change a claim and its test together."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_1f1b_needs_less_temporary_memory_than_gpipe_even_with_remat():
     """docs/strategies.md (pipelines, the SPMD formulation): at S = 2, M = 16, stack-mlp width
     64 x 4 blocks, batch 128, 1F1B's temporary memory is below GPipe's and below GPipe with
     --remat. (The host-driven formulation holds residuals as outputs between programs: its
-    activation memory is tested in tests/test_pipeline.py.)"""
+    activation memory is tested in tests/parallel/pipeline/test_pipeline.py.)"""
     shape = dict(strategy="pipeline", mesh="stage=2", microbatches=16, model="stack-mlp",
                  width=64, depth=4, batch_size=128, pipeline_impl="spmd")
     gpipe = temp_bytes(2, schedule="gpipe", **shape)

@@ -15,7 +15,8 @@ import pytest
 from experiments import machine, machine_rows, plots_studies, rank_scaling, sources, tables
 from experiments.__main__ import run
 from experiments.torch_point import TorchPoint
-from jaxpar import optional, results
+from jaxpar.runtime import optional
+from jaxpar import results
 from jaxpar.errors import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""Launch-level MPI checks (`jaxpar/distributed.py`) that run under plain pytest.
+"""Launch-level MPI checks (`jaxpar/runtime/distributed.py`) that run under plain pytest.
 
 A failing or killed rank ends a 2-rank job quickly (the failing one with a message naming
 it), a missing mpi4jax says how to install the `mpi` extra, checkpoints of multi-process runs
@@ -48,7 +48,7 @@ def test_missing_mpi4jax_says_how_to_install(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_mpi4jax)
     monkeypatch.delitem(sys.modules, "mpi4jax", raising=False)
-    from jaxpar.parallel import mpi_common
+    from jaxpar.parallel.mpi import common as mpi_common
 
     with pytest.raises(ConfigError, match="mpi` extra"):
         mpi_common.import_mpi()

@@ -262,7 +262,7 @@ def test_twin_layers_are_jaxpars_layers_and_its_stages_are_its_forward(name):
     torch = pytest.importorskip("torch", reason=NO_TORCH)
     from experiments import torch_models
     from jaxpar.config import ModelConfig
-    from jaxpar.parallel import partition
+    from jaxpar.parallel.pipeline import partition
 
     twin = torch_models.make_twin(name)
     assert [n for n, _ in torch_models.layers(twin)] == partition.layer_names(ModelConfig(model=name))
@@ -296,7 +296,7 @@ def test_the_twin_cut_inside_conv2_is_its_forward_and_jaxpars_layers():
 def test_pytorch_pipelines_cut_where_jaxpar_cuts_with_the_same_micro_batches():
     pytest.importorskip("torch", reason=NO_TORCH)
     from experiments import peers_mp
-    from jaxpar.parallel import finer
+    from jaxpar.parallel.pipeline import inner_cut as finer
 
     config = dataclasses.replace(peers.PeersConfig(), rounds=1)  # the CNN, M=8, 2 ranks
     for schedule in ("gpipe", "1f1b"):

@@ -14,7 +14,7 @@ import pytest
 from experiments.__main__ import run
 from jaxpar import provenance, results
 from jaxpar.config import DataConfig
-from jaxpar.idx import IDX_FILE_STEMS, write_idx
+from jaxpar.data.idx import IDX_FILE_STEMS, write_idx
 from jaxpar.parallel.single import Single
 from jaxpar.results import RunResult
 

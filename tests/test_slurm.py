@@ -48,7 +48,7 @@ def flags(options: dict) -> list[str]:
 def test_a_batch_script_is_one_process_and_srun_many(monkeypatch):
     """A batch script has SLURM_NTASKS and SLURM_PROCID of its own; only srun's tasks
     (SLURM_STEP_NUM_TASKS) are a multi-process launch."""
-    from jaxpar import distributed
+    from jaxpar.runtime import distributed
 
     for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "SLURM_STEP_NUM_TASKS"):
         monkeypatch.delenv(key, raising=False)

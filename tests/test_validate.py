@@ -105,7 +105,8 @@ def test_option_values_are_checked_before_processes_join(tmp_path, monkeypatch):
     """A bad value ends a multi-process job before any rank starts jax.distributed: every
     rank fails the same way at once, none mid-start (whose broken connection, when another
     rank ended the job, printed a traceback)."""
-    from jaxpar import api, distributed
+    from jaxpar import api
+    from jaxpar.runtime import distributed
 
     def joined(*_):
         raise AssertionError("distributed.setup ran before the options were checked")

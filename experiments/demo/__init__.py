@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from experiments.demo.safety import PASSWORD_ENV, Limits, auth_for, password_from
 from experiments.options import option
 from jaxpar.errors import ConfigError
-from jaxpar.optional import require
+from jaxpar.runtime.optional import require
 
 DEFAULT_PORT = 7860  # Gradio's own default, so its documentation applies
 PORTS_TRIED = 20     # a port in use: the next free one of this many is used instead

@@ -38,7 +38,7 @@ class LoadError(UserError):
 
 def class_names(dataset: str) -> list[str]:
     """The dataset's label names (its TFDS builder's), else the label numbers."""
-    from jaxpar.tfds_idx import BUILDERS  # TFDS takes seconds to import: only when asked
+    from jaxpar.data.tfds_idx import BUILDERS  # TFDS takes seconds to import: only when asked
 
     builder = BUILDERS.get(dataset)
     names = builder.LABEL_NAMES if builder is not None else None

@@ -17,10 +17,10 @@ from experiments.demo.safety import inside
 from jaxpar import data as datalib
 # At import, so in the main thread before the page serves: TFDS's lazy-import hook is
 # process-wide while TFDS imports, and breaks imports made meanwhile in Gradio's workers.
-from jaxpar import tfds_idx
+from jaxpar.data import tfds_idx
 from jaxpar.config import DataConfig
 from jaxpar.errors import DataError, UserError
-from jaxpar.idx import find_idx_files
+from jaxpar.data.idx import find_idx_files
 from jaxpar.results import RESULT_FILE
 from jaxpar.results import load as load_result
 

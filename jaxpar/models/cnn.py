@@ -71,7 +71,7 @@ class CNN(nnx.Module):
 class CNNCut(nnx.Module):
     """`CNN` with conv2 held as two convolutions over the same input, its first k output
     channels and the rest: the same function, with a layer boundary inside conv2 that a
-    pipeline can put between two stages (`jaxpar.parallel.finer`).
+    pipeline can put between two stages (`jaxpar.parallel.pipeline.inner_cut`).
 
     The first part hands on conv1's output (which the second part convolves too) and its own
     k channels after ReLU and pooling, raveled side by side per example; the second joins

@@ -20,7 +20,7 @@ them; one primitive on oneDNN's OpenMP threads measured the same alone and no be
 the step.
 
 oneDNN comes from PyPI (`onednn-devel-cpu-gomp`: headers and library; a dependency on Linux
-x86-64); the custom calls are built by the C++ compiler on first use (jaxpar/native.py,
+x86-64); the custom calls are built by the C++ compiler on first use (jaxpar/runtime/native.py,
 seconds). PyPI's newer oneDNN (`onednn`, 3.13) is a SYCL build that pulls ~600 MB of Intel
 runtimes, and ran these convolutions one-threaded only 4% faster than this 3.2: not worth it. Where either is missing, `unavailable()` says why and "auto" keeps the "cpu" forms.
 
@@ -46,7 +46,8 @@ import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxpar import mesh, native
+from jaxpar import mesh
+from jaxpar.runtime import native
 
 SOURCE = Path(__file__).with_name("onednn.cc")
 PACKAGES = ("onednn-devel-cpu-gomp", "onednn-cpu-gomp")  # headers, and the library itself

@@ -26,13 +26,13 @@ import optax
 from flax import nnx
 
 from jaxpar import data as datalib
-from jaxpar import measure
+from jaxpar.profiling import measure
 from jaxpar import mesh as meshlib
 from jaxpar.config import ModelConfig, TrainConfig
 from jaxpar.errors import ConfigError
 from jaxpar.models import has_batch_norm, option_value
 from jaxpar.step import Params, TrainState
-from jaxpar.parallel.layout import fetch
+from jaxpar.parallel.layout import host_copy
 
 
 def model_option(config: TrainConfig, option: str):
@@ -189,12 +189,12 @@ class Strategy:
     def host_sums(self, sums: dict) -> dict[str, float]:
         """`step`'s or `eval_step`'s metric sums as host floats (waits for them). Every process
         calls it at the same points (under jax.distributed it may gather)."""
-        return {k: float(v) for k, v in fetch(sums).items()}
+        return {k: float(v) for k, v in host_copy(sums).items()}
 
     def gradients(self, state: TrainState, batch: dict) -> Params:
         """Gradients of the global-batch loss, in the reference layout, on host (for
         equivalence tests; gathered from every process of a global mesh)."""
-        return fetch(self._call("gradients", state, batch))
+        return host_copy(self._call("gradients", state, batch))
 
     def compile(self, name: str, state: TrainState, batch: dict) -> measure.Programs:
         """AOT-compile every program that `name` ('step', 'eval_step') runs, for these
@@ -223,7 +223,7 @@ class Strategy:
         """The whole state (parameters, optimizer state, step) in the single-device layout, on
         host: what checkpoints hold, so a run can move between strategies and meshes.
         Strategies that shard or stack state override this."""
-        return fetch(state)
+        return host_copy(state)
 
     def state_from_reference(self, ref: TrainState) -> TrainState:
         """Inverse of `state_to_reference`: place a reference-layout state for this strategy.
@@ -245,7 +245,7 @@ class Strategy:
         """Expected collective operand bytes per step by op (and 'total'); {} = none expected."""
         return {}
 
-    # What its step costs, as a function of a `jaxpar.cost_strategies.Problem` returning a
+    # What its step costs, as a function of a `jaxpar.cost.Problem` returning a
     # `jaxpar.cost.Work` (each device's compute, its collectives, memory); None: not modelled.
     cost_model: Callable | None = None
 

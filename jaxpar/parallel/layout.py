@@ -51,7 +51,7 @@ def map_param_trees(tree: Any, params_like: Any, fn: Callable[[Any], Any],
     return walk(tree)
 
 
-def fetch(tree: Any) -> Any:
+def host_copy(tree: Any) -> Any:
     """Host (numpy) copy of `tree`, like `jax.device_get`, except that an array split over
     other processes' devices (one global mesh under jax.distributed) is first gathered from
     every process. Every process must call it at the same point (it is a collective there)."""

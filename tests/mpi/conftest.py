@@ -17,7 +17,7 @@ jax.config.update("jax_num_cpu_devices", int(os.environ.get("JAXPAR_MPI_DEVICES"
 import pytest  # noqa: E402
 
 import equivalence as eq  # noqa: E402
-from jaxpar import distributed  # noqa: E402
+from jaxpar.runtime import distributed  # noqa: E402
 
 MPI = pytest.importorskip("mpi4py.MPI", reason="needs the `mpi` extra (make test installs it)")
 

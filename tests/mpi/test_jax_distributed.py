@@ -1,4 +1,4 @@
-"""Strategies on one `jax.distributed` mesh over MPI ranks (`jaxpar/distributed.py`) equal `single`.
+"""Strategies on one `jax.distributed` mesh over MPI ranks (`jaxpar/runtime/distributed.py`) equal `single`.
 
 The world is the size that was launched (a world of 1 would pass everything trivially), and
 every multi-process strategy, one device per rank, matches `single` run in-process on the full
@@ -14,7 +14,7 @@ import jax
 import pytest
 
 import equivalence as eq
-from jaxpar import gloo_poller
+from jaxpar.runtime import gloo_poller
 
 
 def test_world_size_is_what_was_launched(comm):
@@ -58,7 +58,7 @@ def test_arrays_move_between_processes_point_to_point(comm):
     devices or not, counts the same transfers (their ids), a move within one process none."""
     import numpy as np
 
-    from jaxpar.parallel import processes, transfers
+    from jaxpar.parallel.transport import processes, transfers
 
     first, last = (min((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
                    for p in (0, jax.process_count() - 1))

@@ -12,7 +12,7 @@ import jax
 import pytest
 
 import equivalence as eq
-from jaxpar import measure
+from jaxpar.profiling import measure
 from jaxpar.parallel import STRATEGIES
 
 # (strategy, options): every model-parallel strategy, both pipeline schedules and --remat.
@@ -53,7 +53,7 @@ def test_when_one_process_cannot_build_the_messages_all_walk_from_the_host(comm,
     custom calls (no compiler on its host) sends every process to the host walk."""
     if jax.local_device_count() > 1:
         pytest.skip("one device per process: the layout that would run one program each")
-    from jaxpar.parallel import p2p
+    from jaxpar.parallel.transport import p2p
 
     if comm.Get_rank() == comm.Get_size() - 1:
         monkeypatch.setattr(p2p, "unavailable", lambda: "no C++ compiler (the test's)")

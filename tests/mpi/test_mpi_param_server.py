@@ -7,7 +7,7 @@ formula for this many ranks (its equivalence with `single`: test_mpi_common.py).
 """
 
 import equivalence as eq
-from jaxpar import measure
+from jaxpar.profiling import measure
 
 NAME = "mpi-param-server"
 SUMS = 3 * 4  # loss_sum, correct, count (f32) travel in the fused buffer with the gradient
