@@ -168,7 +168,7 @@ def plan(config: MachineConfig, probe: results.RunResult) -> tuple[list[Point | 
     if config.torch and optional.available("torch"):
         planned += [torch_eager(config, m, "cpu" if cpu else "cuda") for m in config.models]
     elif config.torch:
-        skipped["torch"] = optional.message("torch", "PyTorch's eager step")
+        skipped["torch"] = optional.install_message("torch", "PyTorch's eager step")
     if counts != (1,):
         planned += [device_point(config, m, n, cpu) for n in counts for m in config.models
                     if n > 1 or cpu]  # 1 GPU: the one-device point is the baseline

@@ -101,7 +101,7 @@ class Plan:
 
 def torch_missing() -> str | None:
     """Why PyTorch cannot run here (the message names the install), or None."""
-    return None if optional.available("torch") else optional.message("torch", "the peers study")
+    return None if optional.available("torch") else optional.install_message("torch", "the peers study")
 
 
 def data_parallel() -> tuple[str, ...]:

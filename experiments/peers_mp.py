@@ -26,7 +26,7 @@ from experiments.points import Point
 from experiments.torch_point import TorchPoint
 from jaxpar.config import TrainConfig, with_options
 from jaxpar.errors import ConfigError
-from jaxpar.parallel.pipeline import inner_cut as finer
+from jaxpar.parallel.pipeline import inner_cut
 
 
 SECTION = "model-parallel"
@@ -78,11 +78,11 @@ def train_config(config, entry: Entry) -> TrainConfig:
     return with_options(base, microbatches=config.microbatches, schedule=entry.schedule)
 
 
-def stage_plan(config) -> finer.Plan:
+def stage_plan(config) -> inner_cut.Plan:
     """Where jaxpar's pipelines cut --mp-model into --ranks stages (the CNN inside conv2): the
     cut both frameworks run."""
     entry = Entry("jaxpar", "", strategy="mpi-pipeline", schedule=config.schedules[0])
-    return finer.plan(train_config(config, entry), config.ranks, inside=True)
+    return inner_cut.plan(train_config(config, entry), config.ranks, inside=True)
 
 
 def plan(config) -> tuple[list[str], dict[str, str]]:

@@ -42,7 +42,7 @@ from jaxpar.parallel.pipeline.gems import Gems
 
 MODEL = "stack-mlp"  # its blocks make stages of equal cost: the bubble is the schedule's alone
 PICTURE_MAX_M = 8  # the schedule picture uses the largest M up to this (readable blocks)
-GEMS = Gems.name  # `--strategy gems`, and its table in schedules.TABLES; the others are `pipeline --schedule NAME`
+GEMS = Gems.name  # `--strategy gems`, and its table in schedules.GENERATORS; the others are `pipeline --schedule NAME`
 
 
 @dataclass(frozen=True)
@@ -106,17 +106,17 @@ def schedule_rows(stages: int, microbatch_counts: list[int]) -> tuple[list[dict]
          {schedule: {"M", "table"}} for the largest M <= PICTURE_MAX_M)
     """
     rows, tables = [], {}
-    for name in schedules.TABLES:
+    for name in schedules.GENERATORS:
         counts = counts_for(name, stages, microbatch_counts)
         theory = schedules.gems_bubble_theory if name == GEMS else schedules.bubble_theory
         for m in counts:
-            table = schedules.schedule(name, stages, m)
+            table = schedules.table(schedules.build(name, stages, m))
             rows.append({"schedule": name, "M": m, "bubble": schedules.bubble_fraction(table),
                          "theory": theory(stages, m),
                          "peak_in_flight": max(schedules.peak_in_flight(table))})
         pictured = [m for m in counts if m <= PICTURE_MAX_M]
         if pictured:
-            tables[name] = {"M": max(pictured), "table": schedules.schedule(name, stages, max(pictured))}
+            tables[name] = {"M": max(pictured), "table": schedules.table(schedules.build(name, stages, max(pictured)))}
     return rows, tables
 
 
@@ -177,9 +177,9 @@ def measurement(measured: list[results.RunResult], folder: str) -> dict:
 def run(config: PipelineConfig) -> list[Path]:
     """Tables for every M, measured points, OUT/pipeline.json; return its path."""
     counts, measured = plan(config)
-    planned = {(s, m): point(config, s, m) for s in schedules.TABLES
+    planned = {(s, m): point(config, s, m) for s in schedules.GENERATORS
                for m in counts_for(s, config.stages, measured)}
-    timed = {s: timeline_point(config, s) for s in schedules.TABLES
+    timed = {s: timeline_point(config, s) for s in schedules.GENERATORS
              if config.timeline_stages and counts_for(s, config.timeline_stages, [config.timeline_microbatches])}
     reference = [single_point(config)] if planned else []
     by_folder = points.run_rounds([*reference, *planned.values()], config.rounds, config.out,

@@ -12,9 +12,10 @@ from experiments.machine_rows import machine_name
 from experiments.plots import (REGIMES, legend_below, plain_log_axis, pyplot, save, scaling_regimes,
                                strategy_style)
 from jaxpar.parallel.pipeline import schedules
+from jaxpar.parallel.pipeline.schedules.generators import mirrored
 from jaxpar.parallel.pipeline.gems import Gems
 
-GEMS = Gems.name  # its schedule table has the strategy's name (schedules.TABLES)
+GEMS = Gems.name  # its schedule table has the strategy's name (schedules.GENERATORS)
 
 SCHEDULE_STYLE = {"gpipe": dict(color="C0", marker="o"), "1f1b": dict(color="C1", marker="s"),
                   GEMS: dict(color="C2", marker="^")}
@@ -125,7 +126,7 @@ def pipeline_schedule(result: dict, out: Path) -> Path:
         ax.set_xlim(0, len(table))
         ax.set_ylim(S, 0)
         ax.set_xticks([t + 0.5 for t in range(len(table))], [str(t) for t in range(len(table))], fontsize=7)
-        labels = ([f"device {d}: stages {d}, {schedules.stage_of(d, 1, S)}'" for d in range(S)]
+        labels = ([f"device {d}: stages {d}, {mirrored(S)[1][d]}'" for d in range(S)]
                   if name == GEMS else [f"stage {d} (device {d})" for d in range(S)])
         ax.set_yticks([d + 0.5 for d in range(S)], labels)
         idle = schedules.bubble_fraction(table)

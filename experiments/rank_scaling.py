@@ -25,7 +25,7 @@ from experiments.points import mpiexec
 from experiments.speedup import busiest_rank_bytes, rank_rows
 from jaxpar.errors import ConfigError
 from jaxpar.parallel import STRATEGIES
-from jaxpar.parallel.mpi.common import INSTALL_HINT
+from jaxpar.runtime.distributed import INSTALL_HINT
 
 
 def takes(strategy: str, model: str) -> bool:

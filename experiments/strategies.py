@@ -37,7 +37,7 @@ from jaxpar.errors import ConfigError
 from jaxpar.mesh import format_mesh
 from jaxpar.models import takes
 from jaxpar.parallel import STRATEGIES
-from jaxpar.parallel.mpi.common import INSTALL_HINT
+from jaxpar.runtime.distributed import INSTALL_HINT
 
 
 @dataclass(frozen=True)

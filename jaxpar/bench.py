@@ -22,7 +22,7 @@ from jaxpar.profiling import measure
 from jaxpar.config import TrainConfig, to_dict
 from jaxpar.errors import ConfigError
 from jaxpar.optim import make_optimizer
-from jaxpar.parallel.pipeline import timeline as host_timeline
+from jaxpar.parallel.pipeline.host import timeline as host_timeline
 from jaxpar.results import RunResult, capture_provenance, environment
 from jaxpar.train import build_model, make_strategy
 from jaxpar.validate import validate
@@ -49,16 +49,9 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
     validate(config)  # every option and combination (the CLI has checked them too)
     if wire:
         wire_counters(wire)  # a missing interface fails before any work
-    strategy = make_strategy(config)
-    if timeline and not hasattr(strategy, "timeline"):
-        raise ConfigError(f"--timeline needs stages run as separate programs: --strategy layer-split, "
-                          f"or pipeline / gems with --pipeline-impl mpmd (not {strategy.name} "
-                          f"as {getattr(strategy, 'implementation', 'one program')})")
+    strategy = _strategy(config, timeline)
     mesh = strategy.make_mesh(jax.devices())
-    batch_size, spec = config.data.batch_size, datalib.spec(config.data)
-    datalib.check_batch_size(batch_size, batch_size, "benchmark")
-    images, labels = datalib.synthetic(batch_size, 0, shape=spec.image_shape, classes=spec.num_classes)
-    host_batch = {"image": images, "label": labels, "weight": np.ones(batch_size, np.float32)}
+    batch_size, host_batch = config.data.batch_size, _synthetic_batch(config)
     k = config.parallel.steps_per_dispatch
     tx = make_optimizer(config.optim, total_steps=(warmup + iters) * k + 1)
     state = strategy.init(build_model(config), tx, mesh)
@@ -93,6 +86,24 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
     }
     return RunResult(kind="bench", config=to_dict(config), env=environment(), metrics=metrics,
                      strategy=strategy.describe())
+
+
+def _strategy(config: TrainConfig, timeline: bool):
+    """The strategy to time; ConfigError before any work when a timeline cannot be stamped."""
+    strategy = make_strategy(config)
+    if timeline and getattr(strategy, "implementation", None) != "mpmd":
+        raise ConfigError(f"--timeline needs stages run as separate programs: --strategy layer-split, "
+                          f"or pipeline / gems with --pipeline-impl mpmd (not {strategy.name} "
+                          f"as {getattr(strategy, 'implementation', 'one program')})")
+    return strategy
+
+
+def _synthetic_batch(config: TrainConfig) -> dict:
+    """One synthetic batch of the run's image shape and classes."""
+    batch_size, spec = config.data.batch_size, datalib.spec(config.data)
+    datalib.check_batch_size(batch_size, batch_size, "benchmark")
+    images, labels = datalib.synthetic(batch_size, 0, shape=spec.image_shape, classes=spec.num_classes)
+    return {"image": images, "label": labels, "weight": np.ones(batch_size, np.float32)}
 
 
 WIRE_COUNTERS = ("tx_bytes", "tx_packets", "rx_bytes", "rx_packets")

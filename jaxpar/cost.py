@@ -163,7 +163,7 @@ def step_line(xs, ys) -> Callable[[float], float]:
 
 
 @dataclass(frozen=True)
-class Layer:
+class LayerCost:
     name: str
     kind: str
     flops_per_example: float
@@ -179,7 +179,7 @@ class Compute:
     key: str
     step_s: Callable[[float], float]
     update_s: float
-    layers: tuple[Layer, ...]
+    layers: tuple[LayerCost, ...]
     temp_bytes: Callable[[float], float]
     source: str                     # "measured" or how it was derived
     leaf_bytes: tuple[int, ...] = ()  # each parameter array's bytes (collectives pay each's latency)
@@ -230,7 +230,7 @@ def profiled_compute(entry: dict, key: str, one_thread: bool = False, leaf_bytes
     for layer in entry["layers"]:
         xs = sorted(int(b) for b in layer["ms"])
         ys = [layer["ms"][str(b)] / 1000 for b in xs]
-        layers.append(Layer(layer["name"], layer["kind"], layer["flops_per_example"], layer["param_bytes"],
+        layers.append(LayerCost(layer["name"], layer["kind"], layer["flops_per_example"], layer["param_bytes"],
                             layer["out_bytes_per_example"], lambda b, xs=xs, ys=ys: _interp(xs, ys, b)))
     return Compute(key, lambda b: line(b) / 1000, entry["update_ms"] * scale / 1000,
                    tuple(layers), lambda b: _interp(entry["steps"]["batch"], entry["steps"]["temp_bytes"], b),
@@ -246,7 +246,7 @@ def flops_compute(key: str, layers: list[dict], rates_gflops: dict, memory_bytes
     def seconds(b, f, k):
         return f * b / (rates_gflops[k] * 1e9) + layer_overhead_s
 
-    built = tuple(Layer(l["name"], l["kind"], l["flops_per_example"], l["param_bytes"],
+    built = tuple(LayerCost(l["name"], l["kind"], l["flops_per_example"], l["param_bytes"],
                         l["out_bytes_per_example"],
                         lambda b, f=l["flops_per_example"], k=l["kind"]: seconds(b, f, k))
                   for l in layers)
@@ -443,7 +443,7 @@ def cluster(model_compute: Callable[[str, bool], Compute], link: Link, memory_by
                    memory_bytes=memory_bytes, notes=(f"link {link.name}: {link.source}",))
 
 
-SUMS = 3 * F32   # the metric sums every data-parallel step all-reduces
+SUMS_BYTES = 3 * F32   # the metric sums every data-parallel step all-reduces
 
 
 @dataclass(frozen=True)
@@ -461,7 +461,7 @@ class Problem:
     model: dict = field(default_factory=dict)  # the model config (tensor's collective bytes)
     implementation: str = "spmd"  # pipelines: one program ("spmd") or one per stage ("mpmd")
     collective_form: str = "native"  # tensor's CNN split: XLA's gathers or "permute" (comm_forms)
-    cut_inside: bool = False  # pipelines: the CNN's conv2 parted between stages (`finer`)
+    cut_inside: bool = False  # pipelines: the CNN's conv2 parted between stages (`inner_cut`)
 
     def size(self, axis: str) -> int:
         return int(self.axes.get(axis, 1))

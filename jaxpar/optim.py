@@ -7,7 +7,7 @@ import optax
 from jaxpar.config import OptimConfig
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad", "rmsprop")
-SCHEDULES = ("constant", "cosine", "warmup-cosine")
+LR_SCHEDULES = ("constant", "cosine", "warmup-cosine")
 
 
 def make_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
@@ -20,7 +20,7 @@ def make_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
     if cfg.lr_schedule == "warmup-cosine":
         warmup = min(cfg.warmup_steps, total_steps - 1)
         return optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, total_steps)
-    raise ValueError(f"unknown --lr-schedule {cfg.lr_schedule!r}; choices: {', '.join(SCHEDULES)}")
+    raise ValueError(f"unknown --lr-schedule {cfg.lr_schedule!r}; choices: {', '.join(LR_SCHEDULES)}")
 
 
 def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:

@@ -6,7 +6,7 @@ reads as its pieces:
 
     set_up            options checked, data loaded, state placed (or resumed from a checkpoint)
     compile_programs  step and eval programs compiled: compile time, FLOPs, bytes, memory
-    train_epoch       an epoch's steps: `log_step` at each sync point, `validate` every N steps
+    train_epoch       an epoch's steps: `log_step` at each sync point, `record_validation` every N steps
     end_epoch         the epoch's validation, running sums reset, checkpoint when due
     make_result       test split, metrics, the RunResult
 
@@ -43,7 +43,7 @@ from jaxpar.optim import make_optimizer
 from jaxpar.parallel import STRATEGIES
 from jaxpar.results import RESULT_FILE, RunResult, capture_provenance, environment
 from jaxpar.step import SUMS, summarize
-from jaxpar import validate as validation  # (validate() below records a validation)
+from jaxpar import validate as validation  # the configuration's check (validation.validate)
 
 
 def first_reaching(history: list[dict[str, Any]], target: float | None) -> dict[str, Any] | None:
@@ -58,7 +58,7 @@ def make_strategy(config: TrainConfig):
     name = config.parallel.strategy
     if name not in STRATEGIES:
         raise ConfigError(f"unknown --strategy {name!r}; choices: {', '.join(STRATEGIES)}")
-    return STRATEGIES[name].formulation(config)(config)
+    return STRATEGIES[name](config)
 
 
 def build_model(config: TrainConfig):
@@ -177,7 +177,7 @@ def fit(config: TrainConfig, console=None) -> Outcome:
     try:
         loop_epochs(run, loop)
         if run.ckpt is not None and run.ckpt.last_saved != loop.step:
-            save(run, loop)
+            save_checkpoint(run, loop)
     except Diverged as stop:
         stop.result = diverged_result(run, loop, compiled, wall_start, stop)
         events.log(config.events, "end", status="diverged", metrics=stop.result.metrics,
@@ -298,13 +298,13 @@ def train_epoch(run: Run, loop: LoopState, epoch: int, start: int, show: Callabl
         if len(loop.pending) >= run.sync_every or loop.step == run.total_steps or evaluating:
             log_steps(run, loop, epoch, show)
         if evaluating:
-            validate(run, loop, epoch)
+            record_validation(run, loop, epoch)
         if run.ckpt is not None and run.ckpt.signum is not None:  # SIGTERM / Ctrl-C
-            folder = save(run, loop)
+            folder = save_checkpoint(run, loop)
             run.ckpt.close()
             raise run.ckpt.interrupted(folder)
         if run.ckpt is not None and run.ckpt.due(loop.step) and loop.step % run.per_epoch:
-            save(run, loop)  # (at an epoch's end, end_epoch saves after the running sums reset)
+            save_checkpoint(run, loop)  # (at an epoch's end, end_epoch saves after the running sums reset)
         if loop.done(run):
             break
 
@@ -355,7 +355,7 @@ def drain(run: Run, loop: LoopState) -> None:
     loop.pending = []
 
 
-def validate(run: Run, loop: LoopState, epoch: int) -> None:
+def record_validation(run: Run, loop: LoopState, epoch: int) -> None:
     """Record one validation: evaluate the validation split, append the record to the history
     and check it against --target-accuracy."""
     if run.splits.val is None:
@@ -380,14 +380,14 @@ def end_epoch(run: Run, loop: LoopState, epoch: int, start: int) -> None:
     """After an epoch's batches: validate (once per epoch, unless --eval-every), and at an
     epoch boundary reset the running sums and checkpoint when due."""
     if not run.config.eval_every and loop.step > epoch * run.per_epoch + start and loop.reached is None:
-        validate(run, loop, epoch)
+        record_validation(run, loop, epoch)
     if loop.step % run.per_epoch == 0:
         loop.running = dict.fromkeys(loop.running, 0.0)
         if run.ckpt is not None and run.ckpt.due(loop.step) and loop.step < run.total_steps:
-            save(run, loop)
+            save_checkpoint(run, loop)
 
 
-def save(run: Run, loop: LoopState):
+def save_checkpoint(run: Run, loop: LoopState):
     """Checkpoint the state and the loop's progress; returns the step's folder. A state that
     is not finite is never saved (Diverged): the last good checkpoint stays the latest."""
     drain(run, loop)  # the running sums the checkpoint keeps count every step before it

@@ -30,9 +30,9 @@ from jaxpar.profiling import measure
 from jaxpar.mesh import STAGE
 from jaxpar.models import ACTIVATIONS, BUILTIN, CONV_IMPLS, MODELS, OPTIONS, abstract_model, takes
 from jaxpar.models.sequence import Layer, apply
-from jaxpar.optim import OPTIMIZERS, SCHEDULES
+from jaxpar.optim import LR_SCHEDULES, OPTIMIZERS
 from jaxpar.parallel import STRATEGIES
-from jaxpar.parallel.pipeline.common import PIPELINE_IMPLS
+from jaxpar.parallel.pipeline.strategy import PIPELINE_IMPLS
 from jaxpar.parallel.pipeline.schedules import SCHEDULES as PIPELINE_SCHEDULES
 
 
@@ -54,7 +54,7 @@ class Live(Sequence):
 CHOICES: dict[str, Sequence[str]] = {
     "dataset": Live(datalib.dataset_names), "model": Live(lambda: tuple(MODELS)),
     "strategy": tuple(STRATEGIES),
-    "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES, "activation": tuple(ACTIVATIONS),
+    "optimizer": OPTIMIZERS, "lr_schedule": LR_SCHEDULES, "activation": tuple(ACTIVATIONS),
     "schedule": tuple(PIPELINE_SCHEDULES), "distributed": MODES, "conv_impl": CONV_IMPLS,
     "pipeline_impl": PIPELINE_IMPLS,
 }

@@ -73,7 +73,7 @@ def step_collective_bytes(got: eq.Trace) -> tuple[int, int]:
 def assert_split_as_specified(got: eq.Trace) -> None:
     """Parameter bytes per device: 1/T of every leaf the split divides, all of the rest."""
     from jaxpar.parallel.tensor.megatron import param_spec
-    from jaxpar.parallel.pipeline.padded import leaves
+    from jaxpar.parallel.layout import leaves
     t = got.strategy.describe()["tensor_degree"]
     want = sum(x.nbytes // (t if "tensor" in param_spec(path) else 1) for path, x in leaves(got.params))
     assert got.strategy.param_bytes == want

@@ -153,8 +153,10 @@ def test_moves_across_processes_are_transfers_only_on_the_cpu(monkeypatch, backe
 def test_stage_programs_cut_inside_a_layer_where_each_stage_has_a_worker(monkeypatch, backend, processes, inside):
     """`pipeline`'s stage programs cut the CNN inside conv2 on accelerators and across
     processes; simulated CPU devices in one process share the cores `single` fills."""
-    from jaxpar.parallel.pipeline import mpmd as pipeline_mpmd
+    import equivalence as eq
+    from jaxpar.train import make_strategy
 
+    staged = make_strategy(eq.config(strategy="pipeline", microbatches=4, pipeline_impl="mpmd"))
     fake_backend(monkeypatch, backend)
     monkeypatch.setattr(jax, "process_count", lambda: processes)
-    assert pipeline_mpmd.PipelineMPMD.cuts_inside_layers.fget(None) is inside
+    assert staged.cuts_inside_layers() is inside

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from experiments.__main__ import EXIT_USAGE, run
 from jaxpar.models import MODELS
-from jaxpar.optim import OPTIMIZERS, SCHEDULES
+from jaxpar.optim import LR_SCHEDULES, OPTIMIZERS
 from jaxpar.parallel import STRATEGIES
 
 EXIT_DIVERGED = 3
@@ -30,7 +30,7 @@ OPTIONS = {
     "--strategy": st.sampled_from([*STRATEGIES, "nosuch"]),
     "--model": st.sampled_from([*MODELS, "nosuch"]),
     "--optimizer": st.sampled_from([*OPTIMIZERS, "nosuch"]),
-    "--lr-schedule": st.sampled_from(SCHEDULES),
+    "--lr-schedule": st.sampled_from(LR_SCHEDULES),
     "--mesh": st.sampled_from(["data=8", "data=2", "data=3", "tensor=2,data=4", "stage=2",
                                "stage=8", "data=2,tensor=2,stage=2", "data=-1", "data=0", "x=1",
                                "data"]),

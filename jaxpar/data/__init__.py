@@ -23,10 +23,9 @@ import numpy as np
 
 from jaxpar.config import DataConfig
 from jaxpar.errors import DataError
+from jaxpar.data.idx import IMAGE_SHAPE, NUM_CLASSES  # the built-in datasets'
 
 DATASETS = ("fashion_mnist", "mnist", "synthetic")  # the built-in ones
-NUM_CLASSES = 10            # the built-in datasets' classes
-IMAGE_SHAPE = (28, 28, 1)   # the built-in datasets' images, uint8
 
 Arrays = tuple[np.ndarray, np.ndarray]  # (images uint8 [N, H, W, C], labels int32 [N])
 

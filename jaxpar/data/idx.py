@@ -39,6 +39,9 @@ SYSTEM_DIRS = {
 
 _FIX = "re-download it or point --data-dir at a good copy"
 
+NUM_CLASSES = 10            # MNIST's and Fashion-MNIST's classes (the built-in datasets)
+IMAGE_SHAPE = (28, 28, 1)   # their images, uint8
+
 
 def _read_bytes(path: Path) -> bytes:
     """Return the file's content, gunzipped when it is gzip-compressed."""

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxpar.errors import DataError
-from jaxpar.data.idx import IDX_FILE_STEMS, find_idx_files, read_split
+from jaxpar.data.idx import IDX_FILE_STEMS, IMAGE_SHAPE, NUM_CLASSES, find_idx_files, read_split
 from jaxpar.runtime.optional import require
 
 # The module's reason to be (its builder subclasses TFDS's): importing it needs TFDS, and says so.
@@ -45,8 +45,6 @@ from tensorflow_datasets.proto import tf_example_pb2  # noqa: E402
 
 log = logging.getLogger(__name__)
 
-IMAGE_SHAPE = (28, 28, 1)
-NUM_CLASSES = 10
 # Sizes of the official splits; checked for files we did not get from the user.
 OFFICIAL_SIZES = {"train": 60000, "test": 10000}
 # Seconds to wait for a TCP connection before declaring the network unreachable.

@@ -86,7 +86,7 @@ def _library() -> ctypes.CDLL:
     include = _find(PACKAGES[0], "include/oneapi/dnnl/dnnl.hpp").parents[2]
     lib = _find(PACKAGES[1], "/libdnnl.so.3").parent
     flags = (f"-I{include}", "-fopenmp", str(lib / "libdnnl.so.3"), f"-Wl,-rpath,{lib}")
-    return native.register(native.build(SOURCE, flags), {
+    return native.register(native.build_library(SOURCE, flags), {
         _FORWARD: "JaxparConvForward", _INPUT_GRAD: "JaxparConvInputGrad",
         _KERNEL_GRAD: "JaxparConvKernelGrad"})
 

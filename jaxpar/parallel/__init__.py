@@ -6,7 +6,8 @@ tables come from it.
 
 A new strategy is one new module with a `Strategy` subclass plus one line below."""
 
-from jaxpar.parallel.base import FAMILIES, Strategy
+from jaxpar.parallel.base import Strategy
+from jaxpar.parallel.spec import FAMILIES
 from jaxpar.parallel.data_parallel.dp_auto import DPAuto
 from jaxpar.parallel.data_parallel.dp_pmap import DPPmap
 from jaxpar.parallel.data_parallel.dp_shard_map import DPShardMap

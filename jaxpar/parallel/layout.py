@@ -13,6 +13,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from jaxpar.models.sequence import Key
+
 
 def abstract(tree: Any) -> Any:
     """Shapes and dtypes of `tree` as ShapeDtypeStructs: a layout template that holds no data."""
@@ -63,3 +65,53 @@ def host_copy(tree: Any) -> Any:
         return x
 
     return jax.device_get(jax.tree.map(one, tree))
+
+
+def leaves(tree) -> list[tuple[Key, Any]]:
+    """(path, leaf) of every leaf of a nested dict, paths as plain key tuples."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return [(tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path), leaf) for path, leaf in flat]
+
+
+def nest(items: list[tuple[Key, Any]]) -> dict:
+    """The nested dict holding each (path, leaf)."""
+    out: dict = {}
+    for path, leaf in items:
+        node = out
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = leaf
+    return out
+
+
+def _get(tree, path):
+    for k in path:
+        if isinstance(k, jax.tree_util.DictKey):
+            tree = tree[k.key]
+        elif isinstance(k, jax.tree_util.SequenceKey):
+            tree = tree[k.idx]
+        else:
+            tree = getattr(tree, k.name)
+    return tree
+
+
+def pick(structure, sources):
+    """A tree shaped like `structure`, each leaf taken from the first source holding its path.
+
+    Stage trees are sub-dicts of the reference tree with the same keys (blocks keep their
+    global index), so this both gathers stages into the reference layout and cuts it up.
+    """
+    def one(path, _):
+        for src in sources:
+            try:
+                return _get(src, path)
+            except (KeyError, IndexError, AttributeError, TypeError):
+                continue
+        raise KeyError(jax.tree_util.keystr(path))
+    return jax.tree_util.tree_map_with_path(one, structure)
+
+
+def owned(tree, keys: list) -> dict:
+    """The sub-dict of `tree` under any of `keys` (path prefixes): one stage's layers' entries."""
+    mine = lambda path: any(path[:len(k)] == tuple(k) for k in keys)  # noqa: E731
+    return nest([(path, x) for path, x in leaves(tree) if mine(path)])

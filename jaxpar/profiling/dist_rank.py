@@ -23,9 +23,9 @@ from jaxpar.runtime import distributed
 
 def main(spec: dict) -> None:
     distributed.setup("mpi", single_threaded=True)  # before JAX's backend starts
-    import jax
+    import jax  # imports JAX's backend: after the setup above
 
-    from jaxpar.profiling import measure, machine as profiling
+    from jaxpar.profiling import machine as profiling, measure  # import JAX too
 
     found = {op: fit["points"] for op, fits in
              profiling.collective_profile([jax.device_count()], spec["sizes"], 3 * spec["iters"],

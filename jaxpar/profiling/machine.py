@@ -35,6 +35,7 @@ from jaxpar import bench
 from jaxpar.profiling import measure
 from jaxpar import mesh as meshlib
 from jaxpar.config import DataConfig, ModelConfig, ParallelConfig, TrainConfig
+from jaxpar.cost import F32
 from jaxpar.data import IMAGE_SHAPE
 from jaxpar.models import abstract_model, from_config, option_value
 from jaxpar.optim import make_optimizer
@@ -56,7 +57,6 @@ QUICK_COLLECTIVE_BYTES = (4 << 10, 1 << 20)
 MPI_RANKS = (2, 4)
 COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute")
 MPI_OPS = ("mpi_allreduce", "mpi_gather", "mpi_bcast", "mpi_sendrecv")
-F32 = 4
 
 
 def model_key(model: ModelConfig | dict) -> str:

@@ -17,6 +17,7 @@ import time
 from jaxpar import mesh as meshlib
 from jaxpar.runtime import optional
 from jaxpar.errors import ConfigError
+from jaxpar.runtime import gloo_poller
 
 MODES = ("auto", "mpi", "slurm", "none")  # --distributed
 # How long a rank other than 0 waits for rank 0 to report the same user error (and end the
@@ -197,8 +198,6 @@ def _gloo_gives_way() -> None:
     if not meshlib.cpu_backend_expected():
         return
     import jax
-
-    from jaxpar.runtime import gloo_poller
 
     jax.devices()
     gloo_poller.give_way()

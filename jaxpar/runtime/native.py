@@ -1,6 +1,6 @@
 """C++ sources that XLA:CPU calls (FFI custom calls), built by the machine's compiler on first use.
 
-    path = native.build(SOURCE, flags=["-ldnnl"])   # the cached library, or native.Unavailable
+    path = native.build_library(SOURCE, flags=["-ldnnl"])   # the cached library, or native.Unavailable
 
 Built once per source, flags and jaxlib version into $JAXPAR_CACHE or ~/.cache/jaxpar (a few
 seconds), written under a temporary name and renamed, so processes building at once never load
@@ -17,6 +17,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from jaxpar import data as datalib
+
 BUILD_TIMEOUT_S = 300
 
 
@@ -24,13 +26,11 @@ class Unavailable(RuntimeError):
     """A native library cannot be built or loaded here (the message says why)."""
 
 
-def build(source: Path, flags: tuple[str, ...] = ()) -> Path:
+def build_library(source: Path, flags: tuple[str, ...] = ()) -> Path:
     """`source` compiled into a shared library in the cache; `flags` go after the source
     (include folders, libraries to link)."""
     import jax
     import jaxlib
-
-    from jaxpar import data as datalib
 
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if compiler is None:

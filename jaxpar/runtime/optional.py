@@ -27,7 +27,7 @@ MPI4JAX_INSTALL = ("`make test` does it, or `pip install mpi4py mpich` then `MPI
 
 # The import name -> how to install it. The pyproject.toml extras hold the same packages; this
 # says which one a message names.
-INSTALL = {
+INSTALL_COMMANDS = {
     "tensorflow_datasets": "pip install tensorflow-datasets array_record importlib_resources",
     "array_record.python.array_record_module": "pip install array_record",
     "orbax.checkpoint": "pip install orbax-checkpoint",
@@ -44,10 +44,10 @@ class MissingDependency(UserError):
     """An optional package a command needs is not installed; the message says how to install it."""
 
 
-def message(module: str, needed_for: str) -> str:
+def install_message(module: str, needed_for: str) -> str:
     """'optional dependency X needed for Y: pip install Z' (X: the top-level package)."""
     return (f"optional dependency {module.split('.')[0]} needed for {needed_for}: "
-            f"{INSTALL[module]}")
+            f"{INSTALL_COMMANDS[module]}")
 
 
 def available(module: str) -> bool:
@@ -62,11 +62,11 @@ def require(module: str, needed_for: str) -> ModuleType:
     """`module`, imported; MissingDependency naming the install when it is absent.
 
     Args:
-      module: an import name listed in INSTALL (e.g. "orbax.checkpoint").
+      module: an import name listed in INSTALL_COMMANDS (e.g. "orbax.checkpoint").
       needed_for: what the caller was asked to do, for the message ("checkpoints (--checkpoint-dir)").
     """
-    if module not in INSTALL:
-        raise KeyError(f"{module} is not one of jaxpar's optional dependencies ({', '.join(INSTALL)})")
+    if module not in INSTALL_COMMANDS:
+        raise KeyError(f"{module} is not one of jaxpar's optional dependencies ({', '.join(INSTALL_COMMANDS)})")
     try:
         return importlib.import_module(module)
     except ImportError as e:
@@ -74,4 +74,4 @@ def require(module: str, needed_for: str) -> ModuleType:
         # inside an installed package is a broken install and keeps its traceback.
         if e.name is not None and not f"{module}.".startswith(f"{e.name}."):
             raise
-        raise MissingDependency(message(module, needed_for)) from None
+        raise MissingDependency(install_message(module, needed_for)) from None

@@ -42,7 +42,7 @@ def test_a_process_holding_one_stage_runs_its_step_as_one_program(stack_config, 
     walks the table."""
     t = eq.run(stack_config(strategy=strategy), steps=1)
     one_each = jax.local_device_count() == 1
-    assert (t.strategy.rank_step is not None) == one_each
+    assert (t.strategy.runtime.column is not None) == one_each
     assert t.strategy.describe()["step_programs"].startswith("one per device" if one_each else "per stage")
     assert sum(n for name, n in t.strategy.trace_counts.items() if name.startswith("rank_step")) == one_each
 
@@ -58,7 +58,7 @@ def test_when_one_process_cannot_build_the_messages_all_walk_from_the_host(comm,
     if comm.Get_rank() == comm.Get_size() - 1:
         monkeypatch.setattr(p2p, "unavailable", lambda: "no C++ compiler (the test's)")
     t = eq.run(stack_config(strategy="pipeline"), steps=1)
-    assert t.strategy.rank_step is None
+    assert t.strategy.runtime.column is None
     assert f"process {comm.Get_size() - 1}: no C++ compiler (the test's)" in t.strategy.describe()["step_programs"]
 
 

@@ -3,7 +3,7 @@ their collectives and memory, as a `jaxpar.cost.Work` for `jaxpar.cost.predict`.
 
 from __future__ import annotations
 
-from jaxpar.cost import SUMS, Collective, Problem, Work
+from jaxpar.cost import SUMS_BYTES, Collective, Problem, Work
 
 
 def replicas(p: Problem, per_device_s: float, collectives, state_bytes: float) -> Work:
@@ -21,7 +21,7 @@ def per_leaf(p: Problem, op: str, group: int, divide: int = 1, count: float = 1.
 def data_parallel(p: Problem) -> Work:
     """Every device a replica on B/D rows; the gradient all-reduced (+ metric sums)."""
     c, d = p.compute, p.size("data")
-    ops = per_leaf(p, "all-reduce", d) + [Collective("all-reduce", SUMS, d)]
+    ops = per_leaf(p, "all-reduce", d) + [Collective("all-reduce", SUMS_BYTES, d)]
     return replicas(p, c.step_s(p.batch / d), ops, c.state_bytes)
 
 
@@ -31,7 +31,7 @@ def fsdp(p: Problem) -> Work:
     c, d = p.compute, p.size("data")
     per_device = c.backprop_s(p.batch / d) + c.update_s / d
     ops = per_leaf(p, "all-gather", d, divide=d) + per_leaf(p, "reduce-scatter", d) + [
-        Collective("all-reduce", SUMS, d)]
+        Collective("all-reduce", SUMS_BYTES, d)]
     return replicas(p, per_device, ops, c.state_bytes / d)
 
 

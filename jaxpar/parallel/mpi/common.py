@@ -15,7 +15,7 @@ from jax.flatten_util import ravel_pytree
 
 from jaxpar import mesh as meshlib
 from jaxpar import step as steplib
-from jaxpar.runtime.distributed import INSTALL_HINT, import_mpi  # noqa: F401  (the strategies' import)
+from jaxpar.runtime.distributed import import_mpi
 from jaxpar.profiling.measure import tree_bytes
 from jaxpar.errors import ConfigError
 from jaxpar.parallel.base import Strategy

@@ -3,14 +3,14 @@ bytes beside what the compiled step measures) and their step as a `jaxpar.cost.W
 
 from __future__ import annotations
 
-from jaxpar.cost import SUMS, Collective, Problem, Work
+from jaxpar.cost import SUMS_BYTES, Collective, Problem, Work
 from jaxpar.parallel.data_parallel.cost import replicas
 
 
 def mpi_allreduce(p: Problem) -> Work:
     """Ranks as data-parallel replicas; gradient and sums fused into one buffer, one allreduce."""
     c, r = p.compute, p.size("data")
-    return replicas(p, c.step_s(p.batch / r), [Collective("mpi_allreduce", c.param_bytes + SUMS, r)],
+    return replicas(p, c.step_s(p.batch / r), [Collective("mpi_allreduce", c.param_bytes + SUMS_BYTES, r)],
                  c.state_bytes)
 
 
@@ -19,7 +19,7 @@ def mpi_param_server(p: Problem) -> Work:
     Every rank runs the update (the others a throw-away one of the same shape, replaced by the
     broadcast: `MpiParamServer._step`), so each rank's compute is a whole step at B/R."""
     c, r = p.compute, p.size("data")
-    ops = [Collective("mpi_gather", c.param_bytes + SUMS, r), Collective("mpi_bcast", c.state_bytes + SUMS, r)]
+    ops = [Collective("mpi_gather", c.param_bytes + SUMS_BYTES, r), Collective("mpi_bcast", c.state_bytes + SUMS_BYTES, r)]
     return Work((c.step_s(p.batch / r),) * r, tuple(ops), c.state_bytes, c.temp_bytes(p.batch / r))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxpar.cost import SUMS, Collective, Problem, Work
+from jaxpar.cost import SUMS_BYTES, Collective, Problem, Work
 from jaxpar.errors import ConfigError
 from jaxpar.parallel.pipeline import inner_cut
 from jaxpar.parallel.pipeline.partition import balanced
@@ -116,7 +116,7 @@ def pipeline(p: Problem, op: str = "collective-permute") -> Work:
         ops += [Collective(o.op, o.bytes / s, t, o.count * m)
                 for o in tensor_ops((p.model.get("model"), p.model.get("depth"), p.model.get("width")), int(b), t)]
     if d > 1:
-        ops.append(Collective("all-reduce", max(stage_params) + SUMS, d))
+        ops.append(Collective("all-reduce", max(stage_params) + SUMS_BYTES, d))
     in_flight = m if p.schedule == "gpipe" else min(m, s)
     act = max(sum(c.layers[i].out_bytes_per_example for i in r) for r in ranges) * b * in_flight * 2
     programs = d * _programs(s, m, s, one_each=d == t == 1) if p.implementation == "mpmd" else 0

@@ -10,15 +10,15 @@ k balances the stages' training FLOPs (a convolution's FLOPs, its gradients' and
 pool and batch norm's are linear in its output channels, so conv2's measured count is split
 in proportion), at a multiple of 8, the width XLA:CPU vectorises channels by.
 
-The strategies whose stages overlap on workers of their own use the finer cut when it lowers
+The strategies whose stages overlap on workers of their own use the cut inside conv2 when it lowers
 the costliest stage by 5% or more and `--stage-boundaries` is not given: `mpi-pipeline` (a
 rank each), and `pipeline` and `gems` as stage programs on accelerators and across processes.
 On CPU devices simulated in one process those keep whole layers (they share the cores `single`
-already fills: `PipelineMPMD`), as do
+already fills: `PipelineStrategy.cuts_inside_layers`), as do
 `layer-split` (one stage at a time) and `hybrid` (tensor-split stages). States convert at the strategy's edge (`to_view`, `from_view`): checkpoints,
 gradients and `state_to_reference` stay in the model's own layout.
 
-    plan = finer.plan(config, stages=2, inside=True)
+    plan = inner_cut.plan(config, stages=2, inside=True)
     plan.starts, plan.names      # (0, 2), ("conv1", "conv2[:32]", "conv2[32:64]", "fc1", "fc2")
     cut = plan.stages(model, image_shape)  # the model as CNNCut (conv2 in two layers), and
                                            # per stage its layers, keys, names; boundary shapes
@@ -42,11 +42,11 @@ from jaxpar.parallel.pipeline import partition
 
 # The CNN's entries held in two parts by `CNNCut`, each split on its last axis (channels).
 PARTS = {"conv2": ("conv2a", "conv2b"), "bn2": ("bn2a", "bn2b")}
-GAIN = 0.95  # the finer cut is taken when its costliest stage is at most this of whole layers'
+GAIN = 0.95  # the cut inside conv2 is taken when its costliest stage is at most this of whole layers'
 ALIGN = 8    # k a multiple of this
 
 
-class Stages(NamedTuple):
+class Cut(NamedTuple):
     """A model cut by a `Plan`: the model in the cut's layout and, per stage, its layers'
     indices, parameter keys and names, and the per-example shape each stage but the last
     hands on."""
@@ -85,7 +85,7 @@ class Plan:
     def model(self, model, image_shape: tuple[int, ...]):
         return model if self.channels is None else CNNCut(model, self.channels, image_shape)
 
-    def stages(self, model, image_shape: tuple[int, ...]) -> Stages:
+    def stages(self, model, image_shape: tuple[int, ...]) -> Cut:
         """`model` cut into the plan's stages (shapes only: nothing is run)."""
         model = self.model(model, image_shape)
         layers = model.layers()
@@ -94,7 +94,7 @@ class Plan:
         for r in ranges[:-1]:
             h = jax.eval_shape(lambda x, r=r: sequence.apply([layers[i] for i in r], x), h)
             boundaries.append(h.shape[1:])
-        return Stages(model, ranges, [[k for i in r for k in layers[i].keys] for r in ranges],
+        return Cut(model, ranges, [[k for i in r for k in layers[i].keys] for r in ranges],
                       [[layers[i].name for i in r] for r in ranges], boundaries)
 
     def to_view(self, tree):

@@ -1,23 +1,20 @@
 """`mpi-pipeline`: one pipeline stage per MPI rank; activations and gradients sent with mpi4jax.
 
 Rank s of S holds stage s of the model's layers (`model.layers()`, cut into S stages balanced
-by training FLOPs, or at `--stage-boundaries`) with their optimizer state and nothing else:
-the first layer on rank 0, the head and the loss on rank S-1. Stages may differ in shape (a
-CNN's conv stage hands on [14, 14, 32] per example, its head stage takes [7, 7, 64]); each
-message's shape is read off the boundary it crosses. Models with batch norm are refused:
-their statistics would have to travel with the micro-batches (the in-process `pipeline`
-keeps them). The global batch is
-cut into M micro-batches and each rank runs its column of a `schedules` table (GPipe or
-1F1B, the tables the single-process `pipeline` executes): a forward slot runs the stage on a
-micro-batch and keeps its `jax.vjp` (with `--remat` only its input, the forward recomputed in
-the backward slot); a backward slot applies it to the gradient that arrived. Activations go to
-the next rank and gradients to the previous one with `mpi4jax` send/recv inside the rank's one
-jitted step, written out slot by slot (the table is known when tracing).
+by training FLOPs, or at `--stage-boundaries`; the CNN's conv2 parted between stages where
+that balances them: `inner_cut`) with their optimizer state and nothing else: the first layer
+on rank 0, the head and the loss on rank S-1. Stages may differ in shape; each message's
+shape is read off the boundary it crosses. Models with batch norm are refused: their
+statistics would have to be gathered from every rank for evaluation and checkpoints (the
+in-process `pipeline` keeps them).
 
-Messages go in `column`'s deadlock-free order (after each slot a forward phase, then a
-backward one; every slot's input waits for what came before). Each message is a `sendrecv`
-answered with 4 bytes (mpi4jax's calls are ordered effects: the compiled program keeps their
-order), which the walk ties into the order of the slots after it.
+The rank's step is the pipeline family's own pieces inside one jitted program: the schedule
+(`schedules`: GPipe or 1F1B) lowered to this rank's actions, sends and receives
+(`schedules.lower`), run in order by `device_program.execute` with the stage's functions
+(`StageFunctions`: the same forward, vjp and fused last stage as every pipeline runtime) and
+mpi4jax as the transport. Each message is a `sendrecv` answered with 4 bytes (mpi4jax's
+calls are ordered effects: the compiled program keeps their order), which the order of the
+actions after it waits for.
 
 Point-to-point bytes per step: rank s sends its output per micro-batch forward (s < S-1, A_s
 bytes) and the gradient of its input backward (s > 0, A_{s-1}), and receives the same two
@@ -34,27 +31,41 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from jaxpar.parallel.pipeline import cost
-from jaxpar.runtime import distributed
-from jaxpar.profiling import measure
-from jaxpar import step as steplib
 from jaxpar import data as datalib
+from jaxpar import step as steplib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE
-from jaxpar.parallel.pipeline import columns as column, inner_cut as finer, partition, schedules
-from jaxpar.parallel import layout
+from jaxpar.parallel.layout import pick
 from jaxpar.parallel.mpi import common as mpi_common
-from jaxpar.parallel.pipeline.host import pick
-from jaxpar.parallel.pipeline.padded import leaves, nest
+from jaxpar.parallel.pipeline import cost, facts, inner_cut, partition
+from jaxpar.parallel.pipeline.device_program import StageCopy, after, execute, message_like
+from jaxpar.parallel.pipeline.schedules import bubble_theory, build, lower
+from jaxpar.parallel.pipeline.stage_fns import StageFunctions
+from jaxpar.profiling import measure
+from jaxpar.runtime import distributed
 
 SUMS_BYTES = 4 * len(steplib.SUMS)  # the f32 metric sums broadcast from the last rank
-ANSWER_BYTES = 4  # each message's answer (`_receive`): one f32
+ANSWER_BYTES = 4  # each message's answer (`MpiTransport.receive`): one f32
 
 
-def _answer():
-    return jnp.zeros((), jnp.float32)
+class MpiTransport:
+    """`device_program.Transport` over mpi4jax: each message a `sendrecv` answered with 4
+    bytes, on mpi4jax's own communicator (host-side collectives on COMM_WORLD never
+    interleave with a step's messages)."""
+
+    def __init__(self, mpi4jax, comm):
+        self.mpi4jax, self.comm = mpi4jax, comm
+
+    def send(self, x, dest: int, after_: jax.Array) -> jax.Array:
+        """`x` to `dest` (ordered by mpi4jax's effects); returns its 4-byte answer."""
+        return self.mpi4jax.sendrecv(x, jnp.zeros((), jnp.float32), dest, dest, comm=self.comm)
+
+    def receive(self, like, source: int, order: jax.Array) -> jax.Array:
+        """One `like` from `source`, answered with 4 bytes."""
+        template = after(jnp.zeros(like.shape, like.dtype), order)
+        return self.mpi4jax.sendrecv(after(jnp.zeros((), jnp.float32), order), template, source, source,
+                                     comm=self.comm)
 
 
 class MpiPipeline(mpi_common.OnePerRank):
@@ -95,32 +106,22 @@ class MpiPipeline(mpi_common.OnePerRank):
         if problems:
             raise ConfigError(problems[0])
         self.M = self.config.parallel.microbatches
-        self.plan = finer.plan(self.config, self.size, inside=True)
-        self.starts = self.plan.starts
+        self.plan = inner_cut.plan(self.config, self.size, inside=True)
+        self.schedule = build(self.config.parallel.schedule, self.size, self.M)
+        self.lowered = lower(self.schedule)  # answered messages: every send waits for its receive
         _, ref_params, ref_state = steplib.split_model(model)
-        # the stages' layers and what crosses each boundary (stage b's output, per example)
-        model, self.ranges, self.keys, self.names, self.boundaries = self.plan.stages(
-            model, datalib.spec(self.config.data).image_shape)
-        self.layers = self.ranges[self.rank]  # this rank's
-        self.table = schedules.schedule(self.config.parallel.schedule, self.size, self.M)
-        self.graphdef, params, self.model_state = steplib.split_model(model)
-        self.shapes = layout.abstract(params)
-        # mpi4jax's own communicator: host-side collectives on COMM_WORLD (state_to_reference)
-        # never interleave with a step's messages.
-        self.jcomm = self.comm.Clone()
+        self.cut = self.plan.stages(model, datalib.spec(self.config.data).image_shape)
+        self.fns = StageFunctions.of(self.cut.model, self.cut.ranges, self.cut.keys, tx, self.M,
+                                     remat=self.config.parallel.remat)
+        self.transport = MpiTransport(self.mpi4jax, self.comm.Clone())
         self._register("step", self._step, donate_argnums=0)
         self._register("gradients", lambda st, b: self._grads(st.params, b)[0])
         self._register("eval_step", self._eval)
         return self.state_from_reference(steplib.init_state(ref_params, ref_state, tx))
 
-    def _stage_params(self, params, s: int):
-        """Stage s's sub-dict of `params`: its layers' parameters."""
-        owned = lambda path: any(path[:len(k)] == tuple(k) for k in self.keys[s])  # noqa: E731
-        return nest([(path, x) for path, x in leaves(params) if owned(path)])
-
     def state_from_reference(self, ref):
         ref = self.plan.to_view(jax.device_get(ref))
-        params = self._stage_params(ref.params, self.rank)
+        params = self.fns.own(ref.params, self.rank)
         opt = pick(jax.eval_shape(self.tx.init, params), [ref.opt_state])
         return jax.device_put(steplib.TrainState(step=ref.step, params=params, opt_state=opt,
                                                  model_state=ref.model_state), self.device)
@@ -128,10 +129,9 @@ class MpiPipeline(mpi_common.OnePerRank):
     def state_to_reference(self, state):
         mine = jax.device_get(state)
         every = self.comm.allgather((mine.params, mine.opt_state))  # stage by stage
-        params = pick(self.shapes, [p for p, _ in every])
-        opt = pick(jax.eval_shape(self.tx.init, self.shapes), [o for _, o in every])
-        return self.plan.from_view(steplib.TrainState(step=mine.step, params=params, opt_state=opt,
-                                                      model_state=mine.model_state))
+        opt = pick(jax.eval_shape(self.tx.init, self.fns.shapes), [o for _, o in every])
+        return self.plan.from_view(steplib.TrainState(step=mine.step, params=self.fns.join([p for p, _ in every]),
+                                                      opt_state=opt, model_state=mine.model_state))
 
     def place_batch(self, batch):
         # Each rank places what its stage reads: images on the first, labels on the last;
@@ -142,107 +142,25 @@ class MpiPipeline(mpi_common.OnePerRank):
 
     def gradients(self, state, batch):
         every = self.comm.allgather(jax.device_get(self._call("gradients", state, batch)))
-        return self.plan.from_view(pick(self.shapes, every))
+        return self.plan.from_view(self.fns.join(every))
 
-    # --- the stage ------------------------------------------------------------------------------
-    def _model(self, params):
-        # Other stages' parameters are zeros made inside the program; unused, so XLA drops them.
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self.shapes)
-        return nnx.merge(self.graphdef, pick(self.shapes, [params, zeros]), self.model_state)
-
-    def _forward(self, params, x, train: bool = True):
-        """This rank's stage: its layers in turn (rank 0 normalises the images first; the last
-        rank's output is the logits)."""
-        layers = self._model(params).layers()
-        h = steplib.normalize(x) if self.rank == 0 else x
-        for i in self.layers:
-            h = layers[i](h, train)
-        return h
-
-    def _activation(self, boundary: int, rows: int) -> jax.ShapeDtypeStruct:
-        """What crosses `boundary` (stage `boundary`'s output) for `rows` examples."""
-        return jax.ShapeDtypeStruct((rows, *self.boundaries[boundary]), jnp.float32)
-
-    def _stage_fn(self, mb, m: int, denom):
-        """f(params, h) -> (output, metric sums) of micro-batch m: the loss on the last rank."""
-        zeros = {k: jnp.zeros((), jnp.float32) for k in steplib.SUMS}
-        if self.rank < self.size - 1:
-            return lambda p, h: (self._forward(p, h), zeros)
-        labels = {k: mb[k][m] for k in ("label", "weight")}
-        return lambda p, h: steplib.loss_from_logits(self._forward(p, h), labels, denom)
-
-    def _vjp(self, f, params, x):
-        """(output, vjp, sums) of f at (params, x); rank 0's input is images (no gradient)."""
-        if self.rank == 0:
-            out, vjp, sums = jax.vjp(lambda p: f(p, x), params, has_aux=True)
-            return out, lambda ct: (vjp(ct)[0], None), sums
-        return jax.vjp(f, params, x, has_aux=True)
-
-    # --- one step: the table, slot by slot -------------------------------------------------------
+    # --- one step: this rank's lowered schedule --------------------------------------------------
     def _grads(self, params, batch):
         """This rank's gradients and the metric sums (last rank) of the micro-batches."""
-        s, S, M = self.rank, self.size, self.M
         rows = batch["weight"].shape[0]
-        if rows % M:
-            raise ConfigError(f"--microbatches {M} must divide the batch's {rows} rows")
-        mb = jax.tree.map(lambda x: x.reshape(M, rows // M, *x.shape[1:]), batch)
-        denom = batch["weight"].sum()
-        # what arrives: activations from s-1 (its output), gradients from s+1 (of this output)
-        arrives = {"F": self._activation(s - 1, rows // M) if s > 0 else None,
-                   "B": self._activation(s, rows // M) if s < S - 1 else None}
-        kept = {}  # by micro-batch: what F keeps for B
-        total = {"grads": jax.tree.map(jnp.zeros_like, params),
-                 "sums": {k: jnp.zeros((), jnp.float32) for k in steplib.SUMS}}
-
-        def run_slot(kind, m, arrived, order):
-            if kind == "F":
-                x = column.after(mb["image"][m] if s == 0 else arrived, order)
-                out, sums_m = self._forward_slot(params, self._stage_fn(mb, m, denom), x, kept, m)
-                total["sums"] = jax.tree.map(jnp.add, total["sums"], sums_m)
-                return {"F": out}, column.tie(order, (out, sums_m))
-            ct = column.after(jnp.ones((), jnp.float32) if s == S - 1 else arrived, order)
-            d_params, dx = self._backward_slot(params, kept.pop(m), ct)
-            total["grads"] = jax.tree.map(jnp.add, total["grads"], d_params)
-            return {"B": dx}, column.tie(order, d_params)  # the slot's receives wait for its work
-
-        column.walk(self.table, s, S, run_slot,
-                    lambda kind, sender, order: self._receive(arrives[kind], sender, order),
-                    lambda kind, x, dest, order: self._send(x, dest))  # ordered effects
-        return total["grads"], total["sums"]
-
-    def _forward_slot(self, params, f, x, kept, m):
-        """F(m): run the stage; keep its vjp (with --remat, its input) in kept[m]. Returns
-        what goes to the next rank (None from the last) and the metric sums."""
-        if self.config.parallel.remat:
-            h, sums = f(params, x)
-            kept[m] = (f, x)
-        else:
-            h, kept[m], sums = self._vjp(f, params, x)
-        return (h if self.rank < self.size - 1 else None), sums
-
-    def _backward_slot(self, params, kept, ct):
-        """B(m): the stage's vjp (with --remat recomputed from its input) applied to `ct`.
-        Returns (parameter gradients, input gradient; None on rank 0)."""
-        if self.config.parallel.remat:
-            f, x = kept
-            kept = self._vjp(f, params, x)[1]
-        return kept(ct)
-
-    # Messages (the module's docstring: why each has an answer, and the order of a phase's).
-    def _receive(self, act, source: int, order):
-        """One `act` from `source`, answered with 4 bytes."""
-        template = column.after(jnp.zeros(act.shape, act.dtype), order)
-        return self.mpi4jax.sendrecv(column.after(_answer(), order), template, source, source,
-                                     comm=self.jcomm)
-
-    def _send(self, x, dest: int):
-        """`x` to `dest`; returns its 4-byte answer (what the next slot waits for)."""
-        return self.mpi4jax.sendrecv(x, _answer(), dest, dest, comm=self.jcomm)
+        if rows % self.M:
+            raise ConfigError(f"--microbatches {self.M} must divide the batch's {rows} rows")
+        copy = StageCopy(self.fns, 0, self.rank, params, {}, batch.get("image"), batch.get("label"),
+                         batch["weight"])
+        execute(self.lowered[self.rank], self.schedule, copy.run, self.transport,
+                message_like(self.schedule, self.cut.boundaries, rows))
+        sums = copy.sums if copy.sums is not None else {k: jnp.zeros((), jnp.float32) for k in steplib.SUMS}
+        return copy.acc, sums
 
     def _share(self, sums):
         """The last rank's metric sums, on every rank (one broadcast of 3 floats)."""
         flat = jnp.stack([sums[k] for k in steplib.SUMS])
-        flat = self.mpi4jax.bcast(flat, self.size - 1, comm=self.jcomm)
+        flat = self.mpi4jax.bcast(flat, self.size - 1, comm=self.transport.comm)
         return {k: flat[i] for i, k in enumerate(steplib.SUMS)}
 
     def _step(self, state, batch):
@@ -251,14 +169,13 @@ class MpiPipeline(mpi_common.OnePerRank):
 
     def _eval(self, state, batch):
         """The whole batch through the stages in turn (one micro-batch), sums on every rank."""
-        s, last = self.rank, self.rank == self.size - 1
+        s, last, comm = self.rank, self.rank == self.size - 1, self.transport.comm
         if s > 0:
-            act = self._activation(s - 1, batch["weight"].shape[0])
-        x = batch["image"] if s == 0 else self.mpi4jax.recv(
-            jnp.zeros(act.shape, act.dtype), s - 1, comm=self.jcomm)
-        h = self._forward(state.params, x, train=False)
+            shape = (batch["weight"].shape[0], *self.cut.boundaries[s - 1])
+        x = batch["image"] if s == 0 else self.mpi4jax.recv(jnp.zeros(shape, jnp.float32), s - 1, comm=comm)
+        h = self.fns.forward(s, state.params, {}, x, False)[0]
         if not last:
-            self.mpi4jax.send(h, s + 1, comm=self.jcomm)
+            self.mpi4jax.send(h, s + 1, comm=comm)
             return self._share({k: jnp.zeros((), jnp.float32) for k in steplib.SUMS})
         return self._share(steplib.loss_from_logits(h, batch)[1])
 
@@ -266,7 +183,7 @@ class MpiPipeline(mpi_common.OnePerRank):
     def _activation_bytes(self) -> list[int]:
         """One micro-batch's activation at each boundary, in bytes."""
         rows = self.config.data.batch_size // self.M
-        return [int(np.prod(self._activation(b, rows).shape)) * 4 for b in range(self.size - 1)]
+        return [int(np.prod((rows, *b))) * 4 for b in self.cut.boundaries]
 
     def _rank_bytes(self, s: int) -> int:
         """What rank s sends (and receives) per step: M outputs forward unless last, M input
@@ -292,39 +209,28 @@ class MpiPipeline(mpi_common.OnePerRank):
         # rank receives is what its neighbours were counted sending: the schedule's theory.
         sent = ops.get("mpi_send", 0) + ops.get("mpi_sendrecv", 0)
         stage_state = self.stage_state_bytes()
+        described = self.describe()
         return {**out, "collective_bytes_per_step": sent + ops.get("mpi_bcast", 0),
                 "point_to_point_bytes_per_step": {"sent": sent},
                 "param_bytes_per_device": measure.tree_bytes(state.params),
                 # The fullest rank's, like every strategy's (the result is rank 0's, whose
                 # stage may be the smallest): each stage's parameters and optimizer state.
-                "state_bytes_per_device": max(stage_state),
-                "stage_state_bytes": stage_state,
+                "state_bytes_per_device": max(stage_state), "stage_state_bytes": stage_state,
                 "activation_bytes_per_device": programs.memory["temp_bytes"],
-                "bubble_fraction": schedules.bubble_fraction(self.table),
-                "bubble_theory": schedules.bubble_theory(self.size, self.M)}
-
-    def _stage_shapes(self) -> list:
-        """Each stage's parameter shapes (ShapeDtypeStructs), stage by stage."""
-        return [self._stage_params(self.shapes, s) for s in range(self.size)]
+                "bubble_fraction": described["bubble_fraction"], "bubble_theory": described["bubble_theory"]}
 
     def stage_param_bytes(self) -> list[int]:
-        return [measure.tree_bytes(p) for p in self._stage_shapes()]
+        return [measure.tree_bytes(self.fns.own(self.fns.shapes, s)) for s in range(self.size)]
 
     def stage_state_bytes(self) -> list[int]:
         """Parameters + optimizer state of each stage (its rank's state), from their shapes."""
         return [measure.tree_bytes((p, jax.eval_shape(self.tx.init, p)))
-                for p in self._stage_shapes()]
+                for p in (self.fns.own(self.fns.shapes, s) for s in range(self.size))]
 
     def describe(self) -> dict:
         return {**super().describe(), "processes": self.size, "devices": self.size,
-                "stages": self.size, "microbatches": self.M, "schedule": self.config.parallel.schedule,
-                "stage_starts": list(self.starts), "stage_layers": self.names,
-                "stage_flops_per_example": self.plan.stage_costs(), **self.plan.describe(),
-                "boundary_shapes_per_example": [list(b) for b in self.boundaries],
-                "slots": len(self.table),
-                "bubble_fraction": schedules.bubble_fraction(self.table),
-                "bubble_theory": schedules.bubble_theory(self.size, self.M),
-                "peak_in_flight_per_stage": schedules.peak_in_flight(self.table),
-                "speedup_bound": self.plan.speedup_bound(schedules.bubble_fraction(self.table)),
+                **facts.plan_facts(self.plan, self.cut.names),
+                **facts.schedule_facts(self.schedule, self.plan, bubble_theory(self.size, self.M)),
+                "boundary_shapes_per_example": [list(b) for b in self.cut.boundaries],
                 "remat": self.config.parallel.remat, "stage_param_bytes": self.stage_param_bytes(),
                 "messages": "mpi4jax sendrecv between neighbouring ranks, each answered with 4 bytes"}

@@ -43,8 +43,8 @@ from jaxpar.mesh import TENSOR
 from jaxpar.models import CNN
 from jaxpar.models.resnet import BasicBlock
 from jaxpar.parallel.tensor import comm_forms
+from jaxpar.cost import F32
 
-F32 = 4
 METRIC_SUMS = 3  # step.metric_sums: loss_sum, correct, count
 
 
@@ -199,7 +199,7 @@ def permutes_per_step(degree: int, denominator: bool) -> int:
     return (6 + denominator) * (degree - 1)
 
 
-def collective_bytes(model, batch_local: int, image_shape: tuple[int, ...], degree: int) -> dict[str, int]:
+def split_collective_bytes(model, batch_local: int, image_shape: tuple[int, ...], degree: int) -> dict[str, int]:
     """Operand bytes per training step of the channel split (one device), by collective: the
     CNN's as `cnn_collective_bytes` says; a ResNet block all-reduces its summed output
     forward and its input gradient backward."""

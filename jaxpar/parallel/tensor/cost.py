@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 
 from jaxpar.config import ModelConfig
-from jaxpar.cost import F32, SUMS, Collective, Problem, Work
+from jaxpar.cost import F32, SUMS_BYTES, Collective, Problem, Work
 from jaxpar.data import IMAGE_SHAPE  # the built-in models' images
 from jaxpar.models import abstract_model, option_value
 from jaxpar.models.vit import TOKENS
@@ -61,7 +61,7 @@ def tensor_ops(model: tuple, batch_local: int, degree: int) -> tuple[Collective,
                                                 degree=degree, vit=False)
         return (Collective("all-reduce", nbytes / (2 * depth), degree, 2 * depth),)
     net = abstract_model(ModelConfig(name, depth=depth, width=width))
-    ops = channels.collective_bytes(net, batch_local, IMAGE_SHAPE, degree)
+    ops = channels.split_collective_bytes(net, batch_local, IMAGE_SHAPE, degree)
     if name == "cnn":  # all-gathers and reduce-scatters of activations, the all-reduce of grads
         return tuple(Collective(op, nbytes, degree) for op, nbytes in ops.items())
     count = 2 * len(net.blocks)  # a block's output forward, its input gradient backward
@@ -102,5 +102,5 @@ def tensor(p: Problem) -> Work:
     if p.collective_form == "permute" and t > 1:
         ops = _permuted(ops, t, d)
     if d > 1:
-        ops.append(Collective("all-reduce", params + SUMS, d))
+        ops.append(Collective("all-reduce", params + SUMS_BYTES, d))
     return Work((seconds,) * (d * t), tuple(ops), params * 3, p.compute.temp_bytes(b))

@@ -131,7 +131,7 @@ class _TensorBase(Strategy):
         batch_local = self.config.data.batch_size // self.data
         if isinstance(self.model, (CNN, ResNet)):  # channel-split conv pairs
             shape = datalib.spec(self.config.data).image_shape
-            ops = channels.collective_bytes(self.model, batch_local, shape, self.degree) if self.degree > 1 else {}
+            ops = channels.split_collective_bytes(self.model, batch_local, shape, self.degree) if self.degree > 1 else {}
             if self.degree > 1 and self.comm is comm_forms.PERMUTE:
                 ops = channels.as_permutes(ops, self.degree, denominator=self.data == 1)
             if self.data > 1:  # over DATA: the gradient and the 3 metric sums; the CNN's

@@ -71,7 +71,7 @@ def unavailable() -> str | None:
 @functools.lru_cache(maxsize=None)
 def _library() -> ctypes.CDLL:
     """The built custom calls, loaded and registered with XLA:CPU (once per process)."""
-    lib = native.register(native.build(SOURCE), {_SEND: "JaxparSend", _RECV: "JaxparRecv", _FLUSH: "JaxparFlush",
+    lib = native.register(native.build_library(SOURCE), {_SEND: "JaxparSend", _RECV: "JaxparRecv", _FLUSH: "JaxparFlush",
                                                  _CHAN_SEND: "JaxparChanSend", _CHAN_RECV: "JaxparChanRecv"})
     lib.JaxparOutboxOpen.argtypes, lib.JaxparOutboxOpen.restype = [ctypes.c_int], ctypes.c_int64
     lib.JaxparOutboxClose.argtypes = [ctypes.c_int64]

@@ -57,13 +57,13 @@ def test_host_driven_stages_keep_the_split_on_their_sub_mesh():
     cfg = eq.config(strategy="hybrid", mesh="data=2,tensor=2,stage=2", microbatches=2,
                     stage_boundaries=(3,), pipeline_impl="mpmd", **BASE)
     got = eq.run(cfg, steps=1, devices=8)
-    width, stages = BASE["width"], got.strategy.submeshes
+    width, stages = BASE["width"], got.strategy.runtime.placement.submeshes
     for s, first_block in enumerate((0, 2)):  # stem, block0, block1 | block2, block3, head
         up = got.state.params[s]["blocks"][first_block]["up"]["kernel"]
         assert up.sharding.device_set == set(stages[s].devices.flat)
         assert up.addressable_shards[0].data.shape == (width, 4 * width // 2)
         whole = sum(x.nbytes for x in jax.tree.leaves(got.state.params[s]))
-        assert got.strategy.stage_param_bytes()[s] < whole
+        assert got.strategy.describe()["stage_param_bytes"][s] < whole
 
 
 @requires_devices(8)

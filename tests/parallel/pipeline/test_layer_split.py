@@ -26,9 +26,17 @@ def refs():
     return {}
 
 
+# The ResNet's batch-norm biases that feed another batch norm have gradients that nearly cancel
+# (rounding noise, ~1e-3 of the tree's norm): a few steps on, programs with other kernels fall
+# into rounding clusters ~2e-4 apart on those leaves (the cut at 1, 2, 4 on this suite's compile
+# flags, on main as well), while their first gradients agree to ~1e-6. Two steps still take the
+# second gradient at the first update's parameters and statistics (test_pipeline.py likewise).
+STEPS = {"resnet": 2}
+
+
 def reference(refs, model):
     if model not in refs:
-        refs[model] = eq.run(eq.config(model=model, **MODELS[model]))
+        refs[model] = eq.run(eq.config(model=model, **MODELS[model]), steps=STEPS.get(model, 5))
     return refs[model]
 
 
@@ -37,7 +45,7 @@ def reference(refs, model):
 def test_layer_split_matches_single(refs, model, stages, boundaries):
     cfg = eq.config(model=model, strategy="layer-split", mesh=f"stage={stages}",
                     stage_boundaries=boundaries, **MODELS[model])
-    got, ref = eq.run(cfg, devices=stages), reference(refs, model)
+    got, ref = eq.run(cfg, steps=STEPS.get(model, 5), devices=stages), reference(refs, model)
     eq.assert_equivalent(ref, got)
     s = got.strategy
     ref_state = s.state_to_reference(got.state)
@@ -65,7 +73,7 @@ def test_compile_covers_every_stage_program(programs, monkeypatch):
     cfg = eq.config(model="stack-mlp", strategy="layer-split", mesh="stage=2", width=32, depth=2)
     got = eq.run(cfg, steps=1, devices=2)
     s = got.strategy
-    assert (s.rank_step is not None) == (programs == "one per stage")
+    assert (s.runtime.column is not None) == (programs == "one per stage")
     batch = s.place_batch(eq.batches(64, 1)[0])
     programs = s.compile("step", got.state, batch)
     assert programs.seconds > 0 and programs.parts
@@ -74,25 +82,26 @@ def test_compile_covers_every_stage_program(programs, monkeypatch):
     jax.device_get(sums)
     assert dict(s.trace_counts) == counts  # compiled executables ran: no retrace
     names = {p.name for p in programs.parts}
-    if s.rank_step:
+    if s.runtime.column:
         assert names == {"rank_step0@0", "rank_step1@0"}
     else:
         assert {"train_fwd0@0", "bwd0@0", "last@0", "update0@0", "update1@0"} <= names
-    assert all(key[0] == "step" for key in s.compiled)
+    compiled, device = s.runtime.programs.compiled, s.runtime.placement.device
+    assert all(key[0] == "step" for key in compiled)
     # memory per device: the fullest device and the largest stage program, not stage 0's first
     acc = s.accounting(programs, state)
     temps = [measure.program_stats(c)["memory"]["temp_bytes"]
-             for key, c in s.compiled.items() if key[0] == "step"]
+             for key, c in compiled.items() if key[0] == "step"]
     assert acc["memory_per_device"]["temp_bytes"] == max(temps)
     # FLOPs: every stage program's, not the first one's times the devices (bench uses this)
     assert programs.flops == sum(
-        measure.program_stats(c)["flops"] for key, c in s.compiled.items() if key[0] == "step")
+        measure.program_stats(c)["flops"] for key, c in compiled.items() if key[0] == "step")
     assert len(acc["memory_per_stage"]) == 2
     # stage 0's residuals, held from its forward to its backward, count as activations:
     # temporaries of its one program, or outputs of its forward program when walked
-    held = (s.compiled["step", "rank_step0", s.device(0).id].memory_analysis().temp_size_in_bytes
-            if s.rank_step else
-            s.compiled["step", "train_fwd0", s.device(0).id].memory_analysis().output_size_in_bytes)
+    held = (compiled["step", "rank_step0", device(0).id].memory_analysis().temp_size_in_bytes
+            if s.runtime.column else
+            compiled["step", "train_fwd0", device(0).id].memory_analysis().output_size_in_bytes)
     assert acc["activation_bytes_per_device"] >= held > 0
     nbytes = lambda t: sum(x.nbytes for x in jax.tree.leaves(t))  # noqa: E731
     per_stage = [nbytes(p) + nbytes(o) for p, o in zip(state.params, state.opt_state)]

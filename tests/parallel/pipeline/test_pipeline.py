@@ -192,10 +192,10 @@ def test_host_stages_move_each_boundary_once_each_way_without_padding():
 
 @pytest.mark.parametrize("backend,impl", [("cpu", "mpmd"), ("gpu", "spmd"), ("tpu", "spmd")])
 def test_auto_picks_the_formulation_by_backend(monkeypatch, backend, impl):
-    from jaxpar.parallel.pipeline import common as pipeline_common
+    from jaxpar.parallel.pipeline import strategy as pipeline_strategy
     from jaxpar.train import make_strategy
-    monkeypatch.setattr(pipeline_common.jax, "default_backend", lambda: backend)
-    assert pipeline_common.resolve_impl("auto") == impl
+    monkeypatch.setattr(pipeline_strategy.jax, "default_backend", lambda: backend)
+    assert pipeline_strategy.resolve_impl("auto") == impl
     for name in ("pipeline", "gems", "hybrid"):
         strategy = make_strategy(eq.config(strategy=name, microbatches=4, **STACK))
         assert strategy.implementation == impl and strategy.name == name

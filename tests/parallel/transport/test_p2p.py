@@ -169,5 +169,5 @@ def test_no_compiler_is_said(tmp_path, monkeypatch):
     monkeypatch.setenv("JAXPAR_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     with pytest.raises(p2p.Unavailable, match="building p2p.cc failed"):
-        native.build(p2p.SOURCE)
+        native.build_library(p2p.SOURCE)
     assert not list(tmp_path.glob("*.so"))  # nothing half-written left behind

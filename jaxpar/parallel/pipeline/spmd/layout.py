@@ -21,7 +21,7 @@ The padding costs no FLOPs (slices, reshapes), and `lax.switch` runs only the de
 stage. The alternatives cost more: stacking stages needs identical blocks; one program per
 stage (`layer-split`) cannot overlap micro-batches.
 
-    stages = Stages(model, starts=(0, 2, 3), rows=16)
+    stages = PaddedStages(model, starts=(0, 2, 3), rows=16)
     buffers = stages.params.pack(params)           # {"rep": [S, 1, P]} (numpy)
     out, new_state = stages.forward(s, p, z, h, train=True)   # inside shard_map, s static
 """
@@ -29,7 +29,7 @@ stage (`layer-split`) cannot overlap micro-batches.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -40,25 +40,9 @@ from jaxpar import step as steplib
 from jaxpar.data import IMAGE_SHAPE  # the default image shape (a dataset's own: `image_shape`)
 from jaxpar.models.sequence import Key
 from jaxpar.parallel import layout
+from jaxpar.parallel.layout import leaves, nest
 
 REP, SPLIT = "rep", "split"  # buffers: replicated over TENSOR, and split over it (hybrid)
-
-
-def leaves(tree) -> list[tuple[Key, Any]]:
-    """(path, leaf) of every leaf of a nested dict, paths as plain key tuples."""
-    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return [(tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path), leaf) for path, leaf in flat]
-
-
-def nest(items: list[tuple[Key, Any]]) -> dict:
-    """The nested dict holding each (path, leaf)."""
-    out: dict = {}
-    for path, leaf in items:
-        node = out
-        for k in path[:-1]:
-            node = node.setdefault(k, {})
-        node[path[-1]] = leaf
-    return out
 
 
 class FlatLayout:
@@ -176,7 +160,7 @@ def _local(shape, dim: int, degree: int) -> tuple[int, ...]:
     return tuple(n // degree if i == dim else n for i, n in enumerate(shape))
 
 
-class Stages:
+class PaddedStages:
     """A model cut at `starts` (first layer of each stage) for `rows`-row micro-batches: its
     stage layouts (parameters, batch-norm statistics) and the boundary activation buffer.
 

@@ -12,7 +12,8 @@ import pytest
 import equivalence as eq
 from jaxpar import step as steplib
 from jaxpar.parallel.pipeline.hybrid import split_dim
-from jaxpar.parallel.pipeline.padded import REP, SPLIT, Stages, leaves
+from jaxpar.parallel.layout import leaves
+from jaxpar.parallel.pipeline.spmd.layout import REP, SPLIT, PaddedStages as Stages
 from jaxpar.train import build_model
 
 

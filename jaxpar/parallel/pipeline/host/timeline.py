@@ -8,7 +8,7 @@ stamp marks when the device actually began and finished, not when the host dispa
 Stamps cost a callback and one element-wise pass over each tensor; the timeline is for
 seeing the schedule, not for the step time (`bench` measures that without stamps).
 
-    events = timeline(strategy, state, batch)   # [{"device", "stage", "kind", "microbatch", "start_ms", "end_ms"}]
+    events = timeline(lambda: walk(..., "timeline"), stamps)   # [{"device", "stage", "kind", "microbatch", "start_ms", "end_ms"}]
     idle_fraction(events, devices=S)
 """
 
@@ -64,14 +64,13 @@ def stamped(fn, stamps: Stamps):
     return run
 
 
-def timeline(pipe, state, batch) -> list[dict]:
-    """One step of `pipe` (a `HostPipeline`) stamped: an event per stage program run, times in
-    ms from the first start. The step runs twice (the first compiles the stamped programs);
-    the state is not advanced (no update runs)."""
-    stamps = pipe.stamps
+def timeline(stamped_step, stamps: Stamps) -> list[dict]:
+    """One step stamped (`stamped_step()` runs it with the stamped programs, which record into
+    `stamps`): an event per stage program run, times in ms from the first start. The step runs
+    twice (the first compiles the stamped programs)."""
     for _ in range(2):
         stamps.clear()
-        jax.block_until_ready(pipe._grads(state, batch, kind="timeline"))
+        jax.block_until_ready(stamped_step())
     begin = min(t[0] for t in stamps.times.values())
     events = []
     for tag, op in enumerate(stamps.ops):

@@ -1,0 +1,153 @@
+"""A schedule lowered to what each device does in order: its actions, and the sends and
+receives of what crosses to another device, in an order that cannot deadlock.
+
+    program = lower(schedule, buffered=True)
+    program[d]   # [Action("F", 0, 1), Recv(Message("F", 1, 0, 0, 1), source=0), Send(...), ...]
+
+Every action's result that another device's action takes (a forward's output, a backward's
+input gradient) is a `Message`, sent by the producing device and received by the consuming
+one; a result taken on the same device (two stages on one device) is no message. Both ends
+read the same table (`timing.rows`): in each slot every device first runs its action, then
+the slot's messages go in one global order (activations by sending stage upwards, then
+gradients by sending stage downwards: each stage first meets the neighbour it receives
+from, then the one it sends to). A receive or a send that waits for its other end (MPI's
+answered messages) then never deadlocks: the first message not yet done in that order has
+both its ends done with everything before it, so both are at it. Each pair of devices sees
+its messages in the order sent, as the transports deliver them.
+
+Transports whose sends never wait (`buffered`: in-memory channels, TCP outboxes) may send
+before they receive within a slot (`sends_first`), and a runtime that computes the last
+stage's backward together with its forward (`early_last_gradients`) sends that gradient from
+the forward's slot; its receiver still takes it in the backward's slot. `check` replays a
+lowered program and refuses one that waits forever or mixes a pair's order.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Union
+
+from jaxpar.parallel.pipeline.schedules.actions import (BACKWARD, FORWARD, Action, Schedule,
+                                                         ScheduleError, consumer)
+from jaxpar.parallel.pipeline.schedules.timing import rows
+
+
+class Message(NamedTuple):
+    kind: str        # "F": an activation going up the stages; "B": a gradient going down
+    microbatch: int
+    replica: int
+    sender: int      # the stage that produced it
+    receiver: int    # the stage that takes it
+
+    @property
+    def key(self) -> tuple:
+        """Its place in a slot's global order."""
+        up = self.kind == FORWARD
+        return (0 if up else 1, self.replica, self.sender if up else -self.sender, self.microbatch)
+
+
+class Send(NamedTuple):
+    message: Message
+    to: int          # device
+
+
+class Recv(NamedTuple):
+    message: Message
+    source: int      # device
+
+
+Op = Union[Action, Send, Recv]
+
+
+def message(action: Action, schedule: Schedule) -> Message | None:
+    """What `action` hands to another device's action, or None (nothing, or a stage on the
+    same device)."""
+    taker = consumer(action, schedule.stages)
+    if taker is None:
+        return None
+    if schedule.device_of(taker.stage, taker.replica) == schedule.device_of(action.stage, action.replica):
+        return None
+    return Message(action.kind, action.microbatch, action.replica, action.stage, taker.stage)
+
+
+def lower(schedule: Schedule, buffered: bool = False, sends_first: bool = False,
+          early_last_gradients: bool = False) -> tuple[tuple[Op, ...], ...]:
+    """Each device's ordered actions, sends and receives (module docstring)."""
+    if (sends_first or early_last_gradients) and not buffered:
+        raise ValueError("sends_first and early_last_gradients need sends that never wait (buffered)")
+    last = schedule.stages - 1
+    table = rows(schedule)
+    sent_at: dict[Message, int] = {}
+    taken_at: dict[Message, int] = {}
+    for t, row in enumerate(table):
+        for a in row:
+            msg = a and message(a, schedule)
+            if msg:
+                taken_at[msg] = t
+                sent_at.setdefault(msg, t)
+            if a and early_last_gradients and a.kind == FORWARD and a.stage == last:
+                early = message(a._replace(kind=BACKWARD), schedule)
+                if early:
+                    sent_at[early] = t
+    out: list[list[Op]] = [[] for _ in range(schedule.devices)]
+    for t, row in enumerate(table):
+        for d, a in enumerate(row):
+            if a is not None:
+                out[d].append(a)
+        ops = sorted([(m.key, 1, Send(m, _device(m, "receiver", schedule)), _device(m, "sender", schedule))
+                      for m, at in sent_at.items() if at == t]
+                     + [(m.key, 0, Recv(m, _device(m, "sender", schedule)), _device(m, "receiver", schedule))
+                        for m, at in taken_at.items() if at == t])
+        for d in range(schedule.devices):
+            mine = [(key, is_send, op) for key, is_send, op, owner in ops if owner == d]
+            if sends_first:
+                mine.sort(key=lambda x: -x[1])  # stable: sends, then receives, each in order
+            out[d] += [op for *_, op in mine]
+    return tuple(tuple(ops) for ops in out)
+
+
+def _device(msg: Message, end: str, schedule: Schedule) -> int:
+    return schedule.device_of(getattr(msg, end), msg.replica)
+
+
+def check_program(schedule: Schedule, program: tuple[tuple[Op, ...], ...], buffered: bool) -> None:
+    """Replay `program` (sends that wait for their receive unless `buffered`); ScheduleError
+    if some device waits forever, or a pair of devices sees its messages out of order."""
+    _same_pair_order(program)
+    position = [0] * len(program)
+    sent: dict[Message, bool] = {}
+    while any(p < len(ops) for p, ops in zip(position, program)):
+        progressed = False
+        for d, ops in enumerate(program):
+            while position[d] < len(ops):
+                op = ops[position[d]]
+                if isinstance(op, Recv) and op.message not in sent:
+                    break
+                if isinstance(op, Send):
+                    if not buffered and not _receiver_waiting(program, position, op):
+                        break
+                    sent[op.message] = True
+                position[d] += 1
+                progressed = True
+        if not progressed:
+            stuck = {d: ops[position[d]] for d, ops in enumerate(program) if position[d] < len(ops)}
+            raise ScheduleError(f"schedule {schedule.name}: its messages deadlock ({stuck})")
+
+
+def _receiver_waiting(program, position, send: Send) -> bool:
+    ops, p = program[send.to], position[send.to]
+    return p < len(ops) and isinstance(ops[p], Recv) and ops[p].message == send.message
+
+
+def _same_pair_order(program) -> None:
+    sends: dict[tuple[int, int], list[Message]] = {}
+    recvs: dict[tuple[int, int], list[Message]] = {}
+    for d, ops in enumerate(program):
+        for op in ops:
+            if isinstance(op, Send):
+                sends.setdefault((d, op.to), []).append(op.message)
+            elif isinstance(op, Recv):
+                recvs.setdefault((op.source, d), []).append(op.message)
+    for pair in set(sends) | set(recvs):
+        if sends.get(pair, []) != recvs.get(pair, []):
+            raise ScheduleError(f"devices {pair}: messages sent in the order {sends.get(pair)} but "
+                                f"received in the order {recvs.get(pair)}")

@@ -1,0 +1,136 @@
+"""Replaying a schedule: when each action can run, whether every one ever does, and what that
+costs (bubble, micro-batches in flight).
+
+`simulate` runs each device's list in order, an action starting once its device is free and
+the actions it needs have ended (`actions.needs`); given each action's duration it gives
+every start and end. With every action one slot long that is the schedule's table, the view
+the SPMD program's slot loop, the host walk and the figures use:
+
+    rows = table(schedule)          # rows[t][d]: device d's action in slot t, or None
+    bubble_fraction(rows)           # share of device-slots idle: (S-1)/(M+S-1) for GPipe and 1F1B
+
+`check` is the one validation every schedule passes before it runs: each forward and
+backward of every (micro-batch, stage) exactly once, on the stage's device, in its replica,
+and the lists never wait forever (a device whose next action needs one that can only come
+later in some list: a deadlock).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from jaxpar.parallel.pipeline.schedules.actions import (BACKWARD, FORWARD, Action, Schedule,
+                                                         ScheduleError, needs)
+
+Slot = tuple | None  # the table's entry: ("F" | "B", micro-batch) (+ replica, with replicas)
+
+
+def expected(schedule: Schedule) -> set[Action]:
+    S, M = schedule.stages, schedule.microbatches
+    return {Action(kind, m, s, schedule.replica_of(m)) for kind in (FORWARD, BACKWARD)
+            for m in range(M) for s in range(S)}
+
+
+def check(schedule: Schedule) -> Schedule:
+    """`schedule` if it can run; ScheduleError naming what is wrong otherwise."""
+    seen: dict[Action, int] = {}
+    for d, lst in enumerate(schedule.lists):
+        for a in lst:
+            if a in seen:
+                raise ScheduleError(f"schedule {schedule.name}: {a} listed twice (devices {seen[a]} and {d})")
+            if a.replica >= schedule.replicas or schedule.device_of(a.stage, a.replica) != d:
+                raise ScheduleError(f"schedule {schedule.name}: {a} listed on device {d}, not where its "
+                                    f"stage lives")
+            seen[a] = d
+    want = expected(schedule)
+    if set(seen) != want:
+        missing, extra = sorted(want - set(seen)), sorted(set(seen) - want)
+        raise ScheduleError(f"schedule {schedule.name}: missing {missing[:3]}, unexpected {extra[:3]}")
+    simulate(schedule)
+    return schedule
+
+
+def simulate(schedule: Schedule, duration: Callable[[Action], float] = lambda a: 1.0
+             ) -> dict[Action, tuple[float, float]]:
+    """(start, end) of every action, each device running its list in order (ScheduleError
+    when some device's next action waits on one that never ends: a deadlock)."""
+    S = schedule.stages
+    times: dict[Action, tuple[float, float]] = {}
+    position = [0] * schedule.devices
+    free = [0.0] * schedule.devices
+    remaining = sum(len(lst) for lst in schedule.lists)
+    while remaining:
+        progressed = False
+        for d, lst in enumerate(schedule.lists):
+            while position[d] < len(lst):
+                a = lst[position[d]]
+                before = needs(a, S)
+                if any(b not in times for b in before):
+                    break
+                start = max([free[d]] + [times[b][1] for b in before])
+                times[a] = (start, start + duration(a))
+                free[d] = times[a][1]
+                position[d] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = {d: lst[position[d]] for d, lst in enumerate(schedule.lists) if position[d] < len(lst)}
+            raise ScheduleError(f"schedule {schedule.name} deadlocks: each device's next action waits "
+                                f"for one that never runs ({stuck})")
+    return times
+
+
+def rows(schedule: Schedule) -> list[list[Action | None]]:
+    """The table of actions: rows[t][d] is what device d runs in slot t (one slot each)."""
+    times = simulate(schedule)
+    out: list[list[Action | None]] = [[None] * schedule.devices for _ in range(int(max(e for _, e in times.values())))]
+    for d, lst in enumerate(schedule.lists):
+        for a in lst:
+            out[int(times[a][0])][d] = a
+    return out
+
+
+def table(schedule: Schedule) -> list[list[Slot]]:
+    """`rows` as plain tuples: (kind, micro-batch), with a replica index when there are two."""
+    def slot(a):
+        if a is None:
+            return None
+        return (a.kind, a.microbatch, a.replica) if schedule.replicas > 1 else (a.kind, a.microbatch)
+    return [[slot(a) for a in row] for row in rows(schedule)]
+
+
+def op(slot: Slot) -> tuple[str, int, int]:
+    """(kind, micro-batch, replica) of a table entry (replica 0 without replicas)."""
+    return (slot[0], slot[1], slot[2] if len(slot) > 2 else 0)
+
+
+def bubble_fraction(table_rows: list[list]) -> float:
+    """Share of device-slots spent idle."""
+    slots = len(table_rows) * len(table_rows[0])
+    busy = sum(slot is not None for row in table_rows for slot in row)
+    return 1.0 - busy / slots
+
+
+def peak_in_flight(table_rows: list[list]) -> list[int]:
+    """Per device, the most micro-batches whose forward ran there and backward has not: the
+    activations it must keep."""
+    S = len(table_rows[0])
+    peaks, live = [0] * S, [0] * S
+    for row in table_rows:
+        for d, slot in enumerate(row):
+            if slot:
+                live[d] += 1 if slot[0] == FORWARD else -1
+                peaks[d] = max(peaks[d], live[d])
+    return peaks
+
+
+def bubble_theory(stages: int, microbatches: int) -> float:
+    """GPipe's (S - 1) / (M + S - 1) (1F1B's too)."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def gems_bubble_theory(stages: int, microbatches: int) -> float:
+    """Bidirectional replicas' (S - 2) / (2M + S - 2) for even S (Chimera's, M counting both
+    replicas' micro-batches): what the `gems` table idles when M is a multiple of S; other
+    M idle a little longer, still less than GPipe (tested)."""
+    return (stages - 2) / (2 * microbatches + stages - 2)
