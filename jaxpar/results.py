@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jaxpar import gloo_poller, host_memory, mesh, provenance
+from jaxpar import gloo_poller, host_memory, mesh, portable, provenance
 from jaxpar.distributed import mpi_rank
 from jaxpar.errors import ResultsError
 
@@ -45,9 +45,10 @@ class RunResult:
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> str:
-        d = dataclasses.asdict(self)
-        d["config"] = portable_paths(d["config"])
-        return json.dumps(d, indent=2, sort_keys=False, default=_jsonable)
+        """The result as JSON, every path in it (options, data files, messages) relative to
+        its named root (jaxpar.portable): a result names no folder of the machine."""
+        return json.dumps(portable.value(dataclasses.asdict(self)), indent=2, sort_keys=False,
+                          default=_jsonable)
 
     @classmethod
     def from_json(cls, text: str) -> "RunResult":
@@ -57,28 +58,6 @@ class RunResult:
                 f"results schema_version {d.get('schema_version')} is not {SCHEMA_VERSION}; "
                 "re-run the experiment that wrote it")
         return cls(**d)
-
-
-# The paths a run's config names: a result records them relative to the working folder.
-PATH_FIELDS = (("out",), ("checkpoint_dir",), ("events",), ("data", "data_dir"), ("data", "cache_dir"))
-
-
-def portable_paths(config: dict[str, Any]) -> dict[str, Any]:
-    """`config` (a result's, as a dict) with its paths relative to the working folder, so a
-    result names no folder of the machine that wrote it."""
-    out = {**config}
-    for path in PATH_FIELDS:
-        holder = out
-        for key in path[:-1]:
-            if not isinstance(holder.get(key), dict):
-                break
-            copy = {**holder[key]}  # the caller's dict stays as it was
-            holder[key] = copy
-            holder = copy
-        else:
-            if isinstance(holder.get(path[-1]), str):
-                holder[path[-1]] = provenance.relative(holder[path[-1]])
-    return out
 
 
 def _jsonable(x: Any) -> Any:
@@ -125,6 +104,12 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
     if path.suffix == ".json":
         provenance.write_diff_beside(path, text)
     return path
+
+
+def write_summary(path: str | os.PathLike, text: str) -> Path:
+    """A study's summary (markdown written beside its results) atomically, its paths relative
+    to their roots as the results' are (jaxpar.portable)."""
+    return write_atomic(path, portable.text(text))
 
 
 def _umask() -> int:
