@@ -91,8 +91,8 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
         **measured_wire,
         "wall_s": time.perf_counter() - wall_start,
     }
-    return RunResult(kind="bench", config=to_dict(config), env=environment(), metrics=metrics,
-                     strategy=strategy.describe())
+    return RunResult(kind="bench", config=to_dict(config), env=environment(config, strategy),
+                     metrics=metrics, strategy=strategy.describe())
 
 
 WIRE_COUNTERS = ("tx_bytes", "tx_packets", "rx_bytes", "rx_packets")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jaxpar import gloo_poller, host_memory, mesh, portable, provenance
+from jaxpar import gloo_poller, host_memory, mesh, portable, provenance, ran
 from jaxpar.distributed import mpi_rank
 from jaxpar.errors import ResultsError
 
@@ -139,9 +139,11 @@ def _mpi_ranks() -> int:
     return mpi_rank()[1]
 
 
-def environment() -> dict[str, Any]:
-    """The machine and software behind a result (device kind and count, processes, cores),
-    the revision its run started from and the data it read (`capture_provenance`)."""
+def environment(config=None, strategy=None) -> dict[str, Any]:
+    """The machine and software behind a result (device kind and count, processes, cores, the
+    GPU), the revision its run started from, the data it read (`capture_provenance`) and what
+    ran (`ran`: the layer forms of `config`'s model, oneDNN, XLA's threads, the formulation
+    `strategy` ran; a study's own process passes neither)."""
     import flax
     import jax
     import optax
@@ -162,15 +164,15 @@ def environment() -> dict[str, Any]:
         "cpu_cores": os.cpu_count(),
         "cores_available": affinity,
         "threads": threads_setting(),
-        # XLA sizes its CPU thread pool to the cores this process may run on (its affinity);
-        # single-threaded (--single-thread), each of its devices runs one thread.
-        "threads_per_process": jax.local_device_count() if mesh.single_threaded() else affinity,
+        "threads_per_process": ran.xla_threads(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "gloo_poller": gloo_poller.state(),  # None: one process (no gloo)
         "malloc": host_memory.state(),
         "host": platform.node(),
         "platform": platform.platform(),
+        "gpu": ran.gpu(),  # None: no GPU backend
         **provenance.environment_fields(),
+        "ran": ran.record(config, strategy),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
