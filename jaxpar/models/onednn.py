@@ -50,7 +50,8 @@ from jaxpar import mesh, native
 
 SOURCE = Path(__file__).with_name("onednn.cc")
 PACKAGES = ("onednn-devel-cpu-gomp", "onednn-cpu-gomp")  # headers, and the library itself
-INSTALL = "pip install onednn-devel-cpu-gomp==2023.2.0"
+VERSION = "2023.2.0"  # as pyproject.toml pins it (experiments/node_carry.py carries it)
+INSTALL = f"pip install {PACKAGES[0]}=={VERSION}"
 _FORWARD, _INPUT_GRAD, _KERNEL_GRAD = ("jaxpar_conv_forward", "jaxpar_conv_input_grad",
                                        "jaxpar_conv_kernel_grad")
 
