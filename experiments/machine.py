@@ -232,7 +232,7 @@ def run(config: MachineConfig) -> list[Path] | None:
     records.insert(0, machine_rows.jaxpar_record(one_device(config, PROBE_MODEL), probe, load))
     study = machine_rows.study(config, records, probe.env, {**skipped, **unstarted}, failed)
     paths = [results.write_atomic(out / "machine.json", study.to_json() + "\n"),
-             results.write_atomic(out / "summary.md", machine_rows.summary(dataclasses.asdict(study)))]
+             results.write_summary(out / "summary.md", machine_rows.summary(dataclasses.asdict(study)))]
     print(paths[1].read_text())
     return None if failed else paths
 

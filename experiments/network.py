@@ -143,7 +143,7 @@ def run(config: NetworkConfig) -> list[Path] | None:
                               env=done[0][1].env if done else results.environment(),
                               metrics={**metrics, "failed": failed})
     paths = [results.write_atomic(out / "network.json", study.to_json() + "\n"),
-             results.write_atomic(out / "summary.md", network_rows.summary(dataclasses.asdict(study)))]
+             results.write_summary(out / "summary.md", network_rows.summary(dataclasses.asdict(study)))]
     print(paths[1].read_text())
     return None if failed else paths
 

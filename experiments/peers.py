@@ -364,7 +364,7 @@ def run(config: PeersConfig) -> list[Path] | None:
     elif before and "model_parallel" in before["metrics"]:
         data["metrics"]["model_parallel"] = before["metrics"]["model_parallel"]
     paths = [results.write_atomic(out / "peers.json", results.RunResult(**data).to_json() + "\n"),
-             results.write_atomic(out / "summary.md", peers_report.summary(data)),
+             results.write_summary(out / "summary.md", peers_report.summary(data)),
              plots_studies.peers_bars(data, out)]
     print(paths[1].read_text())
     fatal = [name for name in failed if not name.endswith("torch-compile")]

@@ -100,6 +100,13 @@ def _best_measured(by_key: dict[str, dict], screened: dict) -> None:
         "screened_pick_ms_per_step": pick["ms_per_step"]}
 
 
+def _compiler() -> str | None:
+    """The C++ compiler torch.compile would use ($CXX, else c++ on the PATH), by its name: a
+    result names no folder of the machine."""
+    found = shutil.which(os.environ.get("CXX", "c++"))
+    return None if found is None else os.path.basename(found)
+
+
 def study(config, settings: dict, labels: dict[str, tuple[str, str]], counts: dict, best: dict,
           rounds: dict, failed: dict, load: list[float]) -> results.RunResult:
     """The RunResult of peers.json: config, env (jaxpar's single point's, PyTorch added), rows.
@@ -114,7 +121,7 @@ def study(config, settings: dict, labels: dict[str, tuple[str, str]], counts: di
     single = next((rec for rec in records if rec.get("torch") and rec["processes"] == 1), {})
     env = {**(env or results.environment()), "torch": torch_rec.get("torch"),
            "torch_threads": single.get("threads"), "torch_interop_threads": single.get("interop_threads"),
-           "load_average_1min": load, "cxx_compiler": shutil.which(os.environ.get("CXX", "c++")), "torch_compile": (
+           "load_average_1min": load, "cxx_compiler": _compiler(), "torch_compile": (
                "skipped: --no-compile" if "torch-compile" in settings["skipped"] else
                next((why.strip().splitlines()[-1] for k, why in failed.items() if k.endswith("torch-compile")),
                     "works"))}

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from experiments.options import BenchOptions
-from jaxpar import results
-from jaxpar.config import TrainConfig, from_dict, to_dict
+from jaxpar import portable, results
+from jaxpar.config import PATH_FIELDS, TrainConfig, from_dict, to_dict
 from jaxpar.errors import ConfigError, ResultsError
 from jaxpar.validate import validate
 
@@ -71,14 +71,20 @@ class Point:
                 "ranks": self.ranks, "labels": dict(self.labels)}
 
     def to_json(self) -> str:
-        return json.dumps({"folder": self.folder, "config": to_dict(self.config), **self.settings()},
-                          indent=2) + "\n"
+        """The point file: its paths relative to named roots (jaxpar.portable), as a result's
+        are, so the study folder names no folder of the machine; `from_json` resolves them."""
+        return json.dumps(portable.value({"folder": self.folder, "config": to_dict(self.config),
+                                          **self.settings()}), indent=2) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> "Point":
         d = json.loads(text)
         bench = None if d["bench"] is None else BenchOptions(**d["bench"])
-        return cls(d["folder"], from_dict(d["config"]), bench, d["ranks"], d["labels"])
+        config = d["config"]
+        for section, name in PATH_FIELDS:
+            holder = config[section] if section else config
+            holder[name] = portable.resolve(holder[name])
+        return cls(d["folder"], from_dict(config), bench, d["ranks"], d["labels"])
 
     def describe(self) -> str:
         p = self.config.parallel
@@ -211,12 +217,20 @@ def run(points: list[Point], out: str | Path, timeout: float, keep_going: bool =
 
 
 def check(point: Point) -> None:
-    """ConfigError naming the point when its config cannot run on its devices or ranks."""
+    """ConfigError naming the point when its config cannot run on its devices or ranks, or
+    names a path its point file cannot carry (outside every root jaxpar.portable knows)."""
     devices = (point.config.parallel.devices or 1) * (point.ranks or 1)
     try:
         validate(point.config, devices)
     except ConfigError as e:
         raise ConfigError(f"study point {point.folder}: {e}") from None
+    config = to_dict(point.config)
+    for section, name in PATH_FIELDS:
+        given = (config[section] if section else config)[name]
+        if given is not None and portable.path(given).startswith(portable.OUTSIDE):
+            raise ConfigError(f"study point {point.folder}: --{name.replace('_', '-')} {given} lies "
+                              "outside the folders a point file names (the working folder, the "
+                              "temporary folder, home, jaxpar's cache); move it under one of them")
 
 
 def stored(folder: Path, point: Point) -> results.RunResult | None:
@@ -232,7 +246,8 @@ def stored(folder: Path, point: Point) -> results.RunResult | None:
     if not isinstance(result.config.get("point"), dict):
         raise ConfigError(f"{folder} holds a result that does not record its study settings (an "
                           f"older jaxpar wrote it); pass a fresh --out or delete that folder")
-    asked = _flat({**json.loads(json.dumps(to_dict(point.config))), "point": point.settings()})
+    # Compared as the result records them: its paths relative to their roots.
+    asked = _flat(portable.value({**to_dict(point.config), "point": point.settings()}))
     have = _flat({**result.config, "point": {**result.config["point"], "kind": result.kind}})
     diff = [f"{k} {have.get(k)} (asked {asked.get(k)})" for k in {**asked, **have}
             if k != "out" and have.get(k) != asked.get(k)]

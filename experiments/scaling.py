@@ -111,7 +111,7 @@ def run(config: ScalingConfig) -> list[Path]:
     points.run(planned, config.out, config.timeout)
     out = Path(config.out)
     table = summary(out)
-    results.write_atomic(out / "summary.md", table)
+    results.write_summary(out / "summary.md", table)
     print(table)
     return [out / p.folder for p in planned]
 

@@ -207,7 +207,7 @@ def run(config: StrategiesConfig) -> list[Path] | None:
                                        "one_thread": one_thread})
     out = Path(config.out)
     paths = [results.write_atomic(out / "strategies.json", study.to_json() + "\n"),
-             results.write_atomic(out / "summary.md", summary(dataclasses.asdict(study)))]
+             results.write_summary(out / "summary.md", summary(dataclasses.asdict(study)))]
     print(paths[1].read_text())
     return None if failed else paths
 

@@ -112,7 +112,32 @@ def machine_line(name: str, data_dir: Path) -> str:
     shown = Path(*Path(data_dir).resolve().parts[-2:]) / folder.relative_to(data_dir)
     return (f"*Measured on:* {'; '.join(machines)}. *Results:* {len(envs)} file(s) under "
             f"`{shown.as_posix()}/`, written {span} ({times[0].strftime('%z')}) from revision "
-            f"{', '.join(revisions)}{diff_note}.")
+            f"{', '.join(revisions)}{diff_note}.{ran_words(envs)}")
+
+
+def ran_words(envs: list[dict]) -> str:
+    """' *Ran:* convolutions onednn, oneDNN 3.2.0 (avx2), XLA CPU threads per process 1 / 2,
+    ...' from the files' env.ran and env.gpu (jaxpar/ran.py), each value the files hold once;
+    files written before results recorded it are counted as not recorded. '' when no file
+    records it (the line as before)."""
+    recorded = [e["ran"] for e in envs if isinstance(e.get("ran"), dict)]
+    if not recorded:
+        return ""
+
+    def seen(key: str) -> str:
+        shown = {f"{v['version']} ({v['isa']})" if key == "onednn" else str(v)
+                 for r in recorded if (v := r.get(key)) is not None}
+        return " / ".join(sorted(shown, key=lambda v: (len(v), v)))  # 2 before 16
+
+    parts = [f"{what} {seen(key)}" for what, key in (
+        ("convolutions", "conv"), ("batch norm", "batch_norm"), ("oneDNN", "onednn"),
+        ("XLA CPU threads per process", "xla_threads"), ("pipeline", "pipeline")) if seen(key)]
+    gpus = sorted({f"{g['name']}, driver {g.get('driver') or 'not read'}" for e in envs
+                   if isinstance(g := e.get("gpu"), dict)})
+    parts += [f"GPU {' / '.join(gpus)}"] if gpus else []
+    missing = len(envs) - len(recorded)
+    return (f" *Ran:* {', '.join(parts) or 'nothing recorded'}"
+            + (f"; {missing} file(s) not recorded" if missing else "") + ".")
 
 
 # --- scaling study ---------------------------------------------------------------------------

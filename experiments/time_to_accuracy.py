@@ -237,7 +237,7 @@ def run(config: TimeToAccuracyConfig) -> list[Path]:
     out = Path(config.out)
     path = results.write_atomic(out / RESULTS_FILE, study.to_json() + "\n")
     table = summary(rows, study.env, record, skipped(config))
-    results.write_atomic(out / "summary.md", table)
+    results.write_summary(out / "summary.md", table)
     print(table)
     return [path, out / "summary.md"]
 

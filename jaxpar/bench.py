@@ -84,8 +84,8 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
         **measured_wire,
         "wall_s": time.perf_counter() - wall_start,
     }
-    return RunResult(kind="bench", config=to_dict(config), env=environment(), metrics=metrics,
-                     strategy=strategy.describe())
+    return RunResult(kind="bench", config=to_dict(config), env=environment(config, strategy),
+                     metrics=metrics, strategy=strategy.describe())
 
 
 def _strategy(config: TrainConfig, timeline: bool):

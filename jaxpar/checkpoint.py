@@ -30,12 +30,15 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxpar import portable
 from jaxpar.config import RESUME_AUTO, TrainConfig, to_dict
 from jaxpar.runtime.distributed import mpi_rank
 from jaxpar.errors import ConfigError
 from jaxpar.runtime.optional import require
+from jaxpar.results import write_atomic
 
 FORMAT = "jaxpar-checkpoint-v1"
+COMMIT_MARK = "commit_success.txt"  # orbax's, in each finished step and item folder
 TMP_MARK = ".orbax-checkpoint-tmp"  # in the name of a folder orbax has not finished writing
 # Options that may change between a run and its resume: where and how it is placed
 # (the point of reference-layout checkpoints), and bookkeeping that does not touch the
@@ -189,6 +192,8 @@ class Checkpointer:
             return
         self.manager.wait_until_finished()
         self.manager.close()
+        if self.writes:
+            portable_marks(self.directory)
         self._closed = True
 
     # --- restore ---------------------------------------------------------------------------
@@ -272,6 +277,18 @@ class Checkpointer:
         how = ("the same command (--resume auto continues it)" if self.config.resume == RESUME_AUTO
                else f"the same command plus --resume (--checkpoint-dir {self.directory})")
         return Interrupted(f"{name}: saved checkpoint {folder}; resume with {how}", self.signum)
+
+
+def portable_marks(directory: Path) -> None:
+    """Orbax's commit marks (`commit_success.txt`, "Checkpoint commit was successful to
+    <folder>") rewritten to name their folder relative to its root (jaxpar.portable): a
+    checkpoint committed with its result (the demo's) names no folder of the machine. Orbax
+    only asks whether the file exists."""
+    for mark in sorted(directory.glob(f"*/**/{COMMIT_MARK}")):
+        written = mark.read_text()
+        shown = portable.text(written)
+        if shown != written:
+            write_atomic(mark, shown)
 
 
 def load(directory: str, step: int | None = None) -> tuple[dict[str, np.ndarray], dict]:

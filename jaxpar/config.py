@@ -115,6 +115,10 @@ class TrainConfig:
 
 
 SECTIONS = ("data", "model", "optim", "parallel")
+# The options that name files or folders (section, field): what a point file written by one
+# process and read by another must carry as paths of this machine (experiments.points).
+PATH_FIELDS = ((None, "out"), (None, "checkpoint_dir"), (None, "events"), ("data", "data_dir"),
+               ("data", "cache_dir"))
 
 
 def to_dict(config: TrainConfig) -> dict:

@@ -7,7 +7,8 @@ tree records the SHA-256 of its diff (`git diff HEAD`, the checkout's `figures/`
 results and drawings are what runs write, not the code they run, and a study re-measuring
 into its own folder would otherwise record every earlier point's files); `write_diff_beside`
 puts the diff itself next to the results file. The data source names the files a run read (relative to
-the working folder) and their checksums, or the arrays it was given and theirs.
+named roots: the working folder, jaxpar's cache, the package that installed them; jaxpar.portable)
+and their checksums, or the arrays it was given and theirs.
 
     provenance.capture(config.data)     # at the start of a run
     provenance.environment_fields()     # -> the git_* and data_source fields of results' env
@@ -25,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from jaxpar import data as datalib
+from jaxpar import portable
 from jaxpar.errors import DataError
-from jaxpar.data.idx import find_idx_files
+from jaxpar.data.idx import DOWNLOAD_URLS, find_idx_files
 
 # The folder git is asked about: the checkout this package was imported from.
 REPO_DIR = Path(__file__).resolve().parent
@@ -136,14 +138,8 @@ def sha256_file(path: str | os.PathLike) -> str:
     return _file_hashes[key]
 
 
-def relative(path: str | os.PathLike | None) -> str | None:
-    """`path` relative to the working folder: results name no folder of the machine that wrote
-    them (a reader resolves them from where the command ran)."""
-    return None if path is None else os.path.relpath(path)
-
-
 def _files(paths) -> dict[str, dict[str, Any]]:
-    return {Path(p).name: {"path": relative(p), "bytes": Path(p).stat().st_size,
+    return {Path(p).name: {"path": portable.path(p), "bytes": Path(p).stat().st_size,
                            "sha256": sha256_file(p)} for p in paths}
 
 
@@ -164,10 +160,10 @@ def data_source(data) -> dict[str, Any]:
     """Which files a run's dataset is read from, with their checksums.
 
     Real datasets are read from the prepared TFDS copy (`prepared`: its record files, the
-    bytes training sees); `idx_files` are the IDX files jaxpar finds for the dataset now
-    (--data-dir, else the system copy), which the copy is prepared from on first use (None:
-    none on disk, so the copy came from a download). A copy the run prepares itself is read
-    again when the result is written.
+    bytes training sees, under <cache>); `idx_files` are the IDX files jaxpar finds for the
+    dataset now (--data-dir, else the system copy, named by its package), which the copy is
+    prepared from on first use (None: none on disk, so the copy came from a download, from
+    `download_url`). A copy the run prepares itself is read again when the result is written.
     """
     if data.dataset in datalib.REGISTERED:
         return arrays_source(datalib.REGISTERED[data.dataset])
@@ -184,7 +180,10 @@ def data_source(data) -> dict[str, Any]:
     versions = sorted(root.glob(f"jaxpar_{data.dataset}/*/dataset_info.json"))
     if versions:
         folder = versions[-1].parent
-        prepared = {"folder": relative(folder),
+        prepared = {"folder": portable.path(folder),
                     "files": _files(sorted(p for p in folder.iterdir() if "array_record" in p.name))}
-    return {"dataset": data.dataset, "data_dir": relative(data.data_dir), "idx_files": idx,
-            "prepared": prepared}
+    source = {"dataset": data.dataset, "data_dir": portable.path(data.data_dir), "idx_files": idx,
+              "prepared": prepared}
+    if idx is None:
+        source["download_url"] = DOWNLOAD_URLS.get(data.dataset)
+    return source

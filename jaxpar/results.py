@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxpar.runtime import gloo_poller, host_memory
-from jaxpar import mesh, provenance
+from jaxpar import mesh, portable, provenance, ran
 from jaxpar.runtime.distributed import mpi_rank
 from jaxpar.errors import ResultsError
 
@@ -46,9 +46,10 @@ class RunResult:
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> str:
-        d = dataclasses.asdict(self)
-        d["config"] = portable_paths(d["config"])
-        return json.dumps(d, indent=2, sort_keys=False, default=_jsonable)
+        """The result as JSON, every path in it (options, data files, messages) relative to
+        its named root (jaxpar.portable): a result names no folder of the machine."""
+        return json.dumps(portable.value(dataclasses.asdict(self)), indent=2, sort_keys=False,
+                          default=_jsonable)
 
     @classmethod
     def from_json(cls, text: str) -> "RunResult":
@@ -58,28 +59,6 @@ class RunResult:
                 f"results schema_version {d.get('schema_version')} is not {SCHEMA_VERSION}; "
                 "re-run the experiment that wrote it")
         return cls(**d)
-
-
-# The paths a run's config names: a result records them relative to the working folder.
-PATH_FIELDS = (("out",), ("checkpoint_dir",), ("events",), ("data", "data_dir"), ("data", "cache_dir"))
-
-
-def portable_paths(config: dict[str, Any]) -> dict[str, Any]:
-    """`config` (a result's, as a dict) with its paths relative to the working folder, so a
-    result names no folder of the machine that wrote it."""
-    out = {**config}
-    for path in PATH_FIELDS:
-        holder = out
-        for key in path[:-1]:
-            if not isinstance(holder.get(key), dict):
-                break
-            copy = {**holder[key]}  # the caller's dict stays as it was
-            holder[key] = copy
-            holder = copy
-        else:
-            if isinstance(holder.get(path[-1]), str):
-                holder[path[-1]] = provenance.relative(holder[path[-1]])
-    return out
 
 
 def _jsonable(x: Any) -> Any:
@@ -128,6 +107,12 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
+def write_summary(path: str | os.PathLike, text: str) -> Path:
+    """A study's summary (markdown written beside its results) atomically, its paths relative
+    to their roots as the results' are (jaxpar.portable)."""
+    return write_atomic(path, portable.text(text))
+
+
 def _umask() -> int:
     mask = os.umask(0)  # reading the umask means setting it; put it straight back
     os.umask(mask)
@@ -155,9 +140,11 @@ def _mpi_ranks() -> int:
     return mpi_rank()[1]
 
 
-def environment() -> dict[str, Any]:
-    """The machine and software behind a result (device kind and count, processes, cores),
-    the revision its run started from and the data it read (`capture_provenance`)."""
+def environment(config=None, strategy=None) -> dict[str, Any]:
+    """The machine and software behind a result (device kind and count, processes, cores, the
+    GPU), the revision its run started from, the data it read (`capture_provenance`) and what
+    ran (`ran`: the layer forms of `config`'s model, oneDNN, XLA's threads, the formulation
+    `strategy` ran; a study's own process passes neither)."""
     import flax
     import jax
     import optax
@@ -178,15 +165,15 @@ def environment() -> dict[str, Any]:
         "cpu_cores": os.cpu_count(),
         "cores_available": affinity,
         "threads": threads_setting(),
-        # XLA sizes its CPU thread pool to the cores this process may run on (its affinity);
-        # single-threaded (--single-thread), each of its devices runs one thread.
-        "threads_per_process": jax.local_device_count() if mesh.single_threaded() else affinity,
+        "threads_per_process": ran.xla_threads(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "gloo_poller": gloo_poller.state(),  # None: one process (no gloo)
         "malloc": host_memory.state(),
         "host": platform.node(),
         "platform": platform.platform(),
+        "gpu": ran.gpu(),  # None: no GPU backend
         **provenance.environment_fields(),
+        "ran": ran.record(config, strategy),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 

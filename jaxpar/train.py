@@ -414,8 +414,9 @@ def diverged_result(run: Run, loop: LoopState, compiled: dict[str, Any], wall_st
     metrics = {"steps": loop.step, "diverged_at_step": stop.step,
                "last_finite_loss": stop.last_finite_loss, "train_s": loop.train_s,
                "wall_s": time.perf_counter() - wall_start, **compiled}
-    return RunResult(kind="train", config=to_dict(run.config), env=environment(), metrics=metrics,
-                     strategy=run.strategy.describe(), history=loop.history, status="diverged")
+    return RunResult(kind="train", config=to_dict(run.config), env=environment(run.config, run.strategy),
+                     metrics=metrics, strategy=run.strategy.describe(), history=loop.history,
+                     status="diverged")
 
 
 def make_result(run: Run, loop: LoopState, compiled: dict[str, Any], wall_start: float) -> RunResult:
@@ -443,5 +444,5 @@ def make_result(run: Run, loop: LoopState, compiled: dict[str, Any], wall_start:
     if run.console is not None:
         run.console.print(f"test accuracy {test['accuracy']:.4f}  test loss {test['loss']:.4f}  "
                           f"({loop.step} steps, {metrics['wall_s']:.0f} s)")
-    return RunResult(kind="train", config=to_dict(config), env=environment(), metrics=metrics,
-                     strategy=run.strategy.describe(), history=history)
+    return RunResult(kind="train", config=to_dict(config), env=environment(config, run.strategy),
+                     metrics=metrics, strategy=run.strategy.describe(), history=history)

@@ -110,7 +110,7 @@ def test_malloc_keeps_freed_memory_only_for_the_cpu(platforms, kept):
     """Set when `import jaxpar` runs (before JAX's threads allocate): a fresh process each."""
     env = {**os.environ, "JAX_PLATFORMS": platforms}
     env.pop("JAXPAR_MALLOC", None)
-    state = subprocess.run([sys.executable, "-c", "import jaxpar; from jaxpar import host_memory; "
+    state = subprocess.run([sys.executable, "-c", "import jaxpar; from jaxpar.runtime import host_memory; "
                             "print(host_memory.state())"], env=env, capture_output=True,
                            text=True, timeout=120, check=True).stdout.strip()
     assert state.startswith("kept") is kept, state

@@ -14,7 +14,7 @@ import pytest
 from experiments import points
 from experiments.options import BenchOptions
 from experiments.points import Point
-from jaxpar import results
+from jaxpar import portable, results
 from jaxpar.config import TrainConfig, with_options
 from jaxpar.errors import ConfigError
 
@@ -48,6 +48,20 @@ def test_points_run_from_their_config_and_record_their_settings(study):
     # what the process ran is the point file the study wrote, config and all
     ran = Point.from_json((out / "train/mlp" / points.POINT_FILE).read_text())
     assert ran.config == dataclasses.replace(TINY, out=str(out / "train/mlp"))
+
+
+def test_a_point_file_names_no_folder_of_the_machine(study):
+    out, _ = study
+    text = (out / "train/mlp" / points.POINT_FILE).read_text()
+    assert str(out) not in text
+    assert json.loads(text)["config"]["out"] == portable.path(out / "train/mlp")
+
+
+def test_a_point_naming_a_folder_outside_the_roots_is_refused_before_any_work(tmp_path):
+    outside = dataclasses.replace(TRAIN, config=with_options(TINY, events="/jaxpar-nowhere/events"))
+    with pytest.raises(ConfigError, match="--events /jaxpar-nowhere/events lies outside"):
+        points.run([outside], tmp_path, timeout=60)
+    assert not any(tmp_path.iterdir())
 
 
 def test_complete_points_are_reused(study, capsys):

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from experiments.__main__ import run
-from jaxpar import provenance, results
+from jaxpar import portable, provenance, results
 from jaxpar.config import DataConfig
-from jaxpar.data.idx import IDX_FILE_STEMS, write_idx
+from jaxpar.data.idx import DOWNLOAD_URLS, IDX_FILE_STEMS, SYSTEM_DIRS, write_idx
 from jaxpar.parallel.single import Single
 from jaxpar.results import RunResult
 
@@ -106,7 +106,20 @@ def test_the_data_source_names_the_idx_files_and_their_checksums(tmp_path):
     assert set(source["idx_files"]) == names
     for name, info in source["idx_files"].items():
         assert info["sha256"] == hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+        assert info["path"] == portable.path(tmp_path / name)  # relative to <tmp>, not /tmp/...
     assert source["prepared"] is None  # not prepared yet: the run prepares it and reads again
+    assert source["data_dir"] == portable.path(tmp_path) and "download_url" not in source
+
+
+def test_without_idx_files_the_data_source_names_the_download(tmp_path, monkeypatch):
+    monkeypatch.setitem(SYSTEM_DIRS, "mnist", [str(tmp_path / "none")])
+    source = provenance.data_source(DataConfig(dataset="mnist", cache_dir=str(tmp_path / "cache")))
+    assert source["idx_files"] is None and source["download_url"] == DOWNLOAD_URLS["mnist"]
+
+
+def test_system_idx_files_are_named_by_their_package():
+    assert portable.path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz") == \
+        "<deb:dataset-fashion-mnist>/train-images-idx3-ubyte.gz"
 
 
 def test_only_a_result_that_names_the_diff_gets_it_beside(repo, tmp_path):

@@ -36,11 +36,23 @@ SYSTEM_DIRS = {
     "fashion_mnist": ["/usr/share/datasets/fashion-mnist"],
     "mnist": ["/usr/share/datasets/mnist"],
 }
+# The package that installs them there: results name the files by it (jaxpar.portable).
+PACKAGES = {"fashion_mnist": "deb:dataset-fashion-mnist"}
+# Where TFDS downloads them from when they are on no disk (jaxpar.data.tfds_idx).
+DOWNLOAD_URLS = {
+    "fashion_mnist": "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",  # HTTP only
+    "mnist": "https://storage.googleapis.com/cvdf-datasets/mnist/",
+}
 
 _FIX = "re-download it or point --data-dir at a good copy"
 
 NUM_CLASSES = 10            # MNIST's and Fashion-MNIST's classes (the built-in datasets)
 IMAGE_SHAPE = (28, 28, 1)   # their images, uint8
+
+
+def source_root(name: str) -> str:
+    """How results name the system folder of dataset `name`: its package, else the dataset."""
+    return f"<{PACKAGES.get(name, f'datasets:{name}')}>"
 
 
 def _read_bytes(path: Path) -> bytes:

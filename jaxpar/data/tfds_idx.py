@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxpar.errors import DataError
-from jaxpar.data.idx import IDX_FILE_STEMS, IMAGE_SHAPE, NUM_CLASSES, find_idx_files, read_split
+from jaxpar.data.idx import DOWNLOAD_URLS, IDX_FILE_STEMS, IMAGE_SHAPE, NUM_CLASSES, find_idx_files, read_split
 from jaxpar.runtime.optional import require
 
 # The module's reason to be (its builder subclasses TFDS's): importing it needs TFDS, and says so.
@@ -146,8 +146,7 @@ class JaxparFashionMnist(_IdxBuilder, skip_registration=True):
 
     name = "jaxpar_fashion_mnist"
     DATASET = "fashion_mnist"
-    # An S3 website endpoint: plain HTTP only.
-    URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+    URL = DOWNLOAD_URLS[DATASET]
     LABEL_NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 
@@ -157,7 +156,7 @@ class JaxparMnist(_IdxBuilder, skip_registration=True):
 
     name = "jaxpar_mnist"
     DATASET = "mnist"
-    URL = "https://storage.googleapis.com/cvdf-datasets/mnist/"
+    URL = DOWNLOAD_URLS[DATASET]
 
 
 BUILDERS: dict[str, type[_IdxBuilder]] = {"fashion_mnist": JaxparFashionMnist,

@@ -24,6 +24,8 @@ from flax import nnx
 
 from jaxpar.data import BUILTIN_SPEC, Spec
 
+from jaxpar.models import layers
+from jaxpar.models.batchnorm import BATCH_NORM, FastBatchNorm
 from jaxpar.models.cnn import CNN
 from jaxpar.models.layers import CONV_IMPLS
 from jaxpar.models.mlp import ACTIVATIONS, MLP
@@ -114,11 +116,26 @@ def has_batch_norm(cfg) -> bool:
     return bool(jax.tree.leaves(nnx.state(abstract_model(cfg), nnx.Not(nnx.Param))))
 
 
+def forms(cfg) -> dict[str, str | None]:
+    """How the model a ModelConfig `cfg` builds computes, as this backend resolves it (what a
+    result records in env.ran): `conv`, its convolutions and pooling ("onednn", "cpu" or "xla",
+    `--conv-impl` with "auto" resolved: layers.py; None: a model without the option) and
+    `batch_norm` ("fast": batchnorm.FastBatchNorm, "flax": nnx.BatchNorm, "own": a model
+    without the option chose; None: no batch norm)."""
+    conv = None
+    if "conv_impl" in takes(cfg.model):
+        conv = layers.resolve(option_value(cfg.model, "conv_impl", cfg.conv_impl))
+    norm = None
+    if has_batch_norm(cfg):
+        norm = "own" if conv is None else "fast" if BATCH_NORM[conv] is FastBatchNorm else "flax"
+    return {"conv": conv, "batch_norm": norm}
+
+
 def param_count(model: nnx.Module) -> int:
     """Number of trainable parameters (nnx.Param leaves; BN running stats excluded)."""
     return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
 __all__ = ["ACTIVATIONS", "BUILTIN", "CONV_IMPLS", "MODELS", "OPTIONS", "CNN", "MLP", "ResNet",
-           "StackMLP", "ViT", "abstract_model", "from_config", "has_batch_norm", "make_model", "option_value",
-           "param_count", "register_model", "takes"]
+           "StackMLP", "ViT", "abstract_model", "forms", "from_config", "has_batch_norm", "make_model",
+           "option_value", "param_count", "register_model", "takes"]

@@ -51,7 +51,8 @@ from jaxpar.runtime import native
 
 SOURCE = Path(__file__).with_name("onednn.cc")
 PACKAGES = ("onednn-devel-cpu-gomp", "onednn-cpu-gomp")  # headers, and the library itself
-INSTALL = "pip install onednn-devel-cpu-gomp==2023.2.0"
+VERSION = "2023.2.0"  # as pyproject.toml pins it (experiments/node_carry.py carries it)
+INSTALL = f"pip install {PACKAGES[0]}=={VERSION}"
 _FORWARD, _INPUT_GRAD, _KERNEL_GRAD = ("jaxpar_conv_forward", "jaxpar_conv_input_grad",
                                        "jaxpar_conv_kernel_grad")
 
@@ -89,6 +90,39 @@ def _library() -> ctypes.CDLL:
     return native.register(native.build_library(SOURCE, flags), {
         _FORWARD: "JaxparConvForward", _INPUT_GRAD: "JaxparConvInputGrad",
         _KERNEL_GRAD: "JaxparConvKernelGrad"})
+
+
+class _Version(ctypes.Structure):  # dnnl_version_t (dnnl_common_types.h)
+    _fields_ = [("major", ctypes.c_int), ("minor", ctypes.c_int), ("patch", ctypes.c_int),
+                ("hash", ctypes.c_char_p), ("cpu_runtime", ctypes.c_uint),
+                ("gpu_runtime", ctypes.c_uint)]
+
+
+def used() -> dict | None:
+    """oneDNN's version and the instruction set its kernels use on this CPU (what results
+    record in env.ran), once its convolutions were loaded in this process; else None."""
+    if _library.cache_info().currsize == 0:
+        return None
+    return _identity()
+
+
+@functools.lru_cache(maxsize=None)
+def _identity() -> dict:
+    dnnl = ctypes.CDLL(str(_find(PACKAGES[1], "/libdnnl.so.3")))
+    dnnl.dnnl_version.restype = ctypes.POINTER(_Version)
+    dnnl.dnnl_get_effective_cpu_isa.restype = ctypes.c_int
+    v = dnnl.dnnl_version().contents
+    isa = dnnl.dnnl_get_effective_cpu_isa()
+    return {"version": f"{v.major}.{v.minor}.{v.patch}", "isa": _isa_names().get(isa, hex(isa))}
+
+
+def _isa_names() -> dict[int, str]:
+    """dnnl_cpu_isa_t's values -> names, read from the installed header (the enum grows with
+    each oneDNN release)."""
+    header = _find(PACKAGES[0], "include/oneapi/dnnl/dnnl_types.h").read_text()
+    body = header[:header.index("} dnnl_cpu_isa_t;")].rsplit("typedef enum {", 1)[1]
+    return {int(value, 16): name for name, value in
+            re.findall(r"dnnl_cpu_isa_(\w+) = (0x[0-9a-f]+)", body)}
 
 
 def _call(target: str, out_shape, a, b, strides, pads):

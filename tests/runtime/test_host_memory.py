@@ -15,7 +15,7 @@ import sys
 PROGRAM = """
 import resource, statistics
 import jaxpar, jax, jax.numpy as jnp
-from jaxpar import host_memory
+from jaxpar.runtime import host_memory
 step = jax.jit(lambda x: jnp.dot(jnp.tanh(jnp.outer(x, x)), x).sum())
 x = jnp.linspace(0.0, 1.0, 3500, dtype=jnp.float32)
 step(x).block_until_ready(); step(x).block_until_ready()
