@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from experiments.options import BenchOptions
-from jaxpar import portable, results
+from jaxpar.results import portable
+from jaxpar import results
 from jaxpar.config import PATH_FIELDS, TrainConfig, from_dict, to_dict
 from jaxpar.errors import ConfigError, ResultsError
 from jaxpar.validate import validate
@@ -71,7 +72,7 @@ class Point:
                 "ranks": self.ranks, "labels": dict(self.labels)}
 
     def to_json(self) -> str:
-        """The point file: its paths relative to named roots (jaxpar.portable), as a result's
+        """The point file: its paths relative to named roots (jaxpar.results.portable), as a result's
         are, so the study folder names no folder of the machine; `from_json` resolves them."""
         return json.dumps(portable.value({"folder": self.folder, "config": to_dict(self.config),
                                           **self.settings()}), indent=2) + "\n"
@@ -218,7 +219,7 @@ def run(points: list[Point], out: str | Path, timeout: float, keep_going: bool =
 
 def check(point: Point) -> None:
     """ConfigError naming the point when its config cannot run on its devices or ranks, or
-    names a path its point file cannot carry (outside every root jaxpar.portable knows)."""
+    names a path its point file cannot carry (outside every root jaxpar.results.portable knows)."""
     devices = (point.config.parallel.devices or 1) * (point.ranks or 1)
     try:
         validate(point.config, devices)

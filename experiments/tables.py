@@ -117,7 +117,7 @@ def machine_line(name: str, data_dir: Path) -> str:
 
 def ran_words(envs: list[dict]) -> str:
     """' *Ran:* convolutions onednn, oneDNN 3.2.0 (avx2), XLA CPU threads per process 1 / 2,
-    ...' from the files' env.ran and env.gpu (jaxpar/ran.py), each value the files hold once;
+    ...' from the files' env.ran and env.gpu (jaxpar/results/ran.py), each value the files hold once;
     files written before results recorded it are counted as not recorded. '' when no file
     records it (the line as before)."""
     recorded = [e["ran"] for e in envs if isinstance(e.get("ran"), dict)]

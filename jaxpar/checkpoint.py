@@ -30,7 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxpar import portable
+from jaxpar.results import portable
 from jaxpar.config import RESUME_AUTO, TrainConfig, to_dict
 from jaxpar.runtime.distributed import mpi_rank
 from jaxpar.errors import ConfigError
@@ -281,7 +281,7 @@ class Checkpointer:
 
 def portable_marks(directory: Path) -> None:
     """Orbax's commit marks (`commit_success.txt`, "Checkpoint commit was successful to
-    <folder>") rewritten to name their folder relative to its root (jaxpar.portable): a
+    <folder>") rewritten to name their folder relative to its root (jaxpar.results.portable): a
     checkpoint committed with its result (the demo's) names no folder of the machine. Orbax
     only asks whether the file exists."""
     for mark in sorted(directory.glob(f"*/**/{COMMIT_MARK}")):

@@ -20,7 +20,8 @@ from flax import nnx
 
 import equivalence as eq
 import jaxpar
-from jaxpar import api, portable
+from jaxpar import api
+from jaxpar.results import portable
 from jaxpar import data as datalib
 from jaxpar.errors import ConfigError, DataError, Diverged
 from jaxpar.models import MODELS

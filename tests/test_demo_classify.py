@@ -20,7 +20,8 @@ from conftest import requires_devices
 from experiments.demo import classify, views
 from experiments.demo.models import Models, candidates
 from jaxpar import data as datalib
-from jaxpar import portable, results
+from jaxpar.results import portable
+from jaxpar import results
 from jaxpar.config import TrainConfig, with_options
 from jaxpar.step import eval_step, init_state
 from jaxpar.train import evaluate, fit
@@ -100,7 +101,7 @@ def test_a_result_whose_checkpoint_lives_elsewhere(runs, tmp_path):
     root, _ = runs
     result = results.load(root / "single")  # train --out A --checkpoint-dir B
     results.save(result, tmp_path)
-    recorded = result.config["checkpoint_dir"]  # relative to its root (jaxpar.portable)
+    recorded = result.config["checkpoint_dir"]  # relative to its root (jaxpar.results.portable)
     assert recorded.startswith("<tmp>/")
     assert classify.find_checkpoint(tmp_path) == Path(portable.resolve(recorded))
     assert classify.load(tmp_path).step == 25

@@ -14,7 +14,8 @@ import pytest
 from experiments import points
 from experiments.options import BenchOptions
 from experiments.points import Point
-from jaxpar import portable, results
+from jaxpar.results import portable
+from jaxpar import results
 from jaxpar.config import TrainConfig, with_options
 from jaxpar.errors import ConfigError
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxpar import checkpoint as ckptlib
 from jaxpar import data as datalib
-from jaxpar import portable
+from jaxpar.results import portable
 from jaxpar.config import TrainConfig, from_dict
 from jaxpar.errors import UserError
 from jaxpar.results import RESULT_FILE
@@ -66,7 +66,7 @@ def find_checkpoint(folder: str | Path) -> Path:
     if result.exists():
         recorded = load_result(result).config.get("checkpoint_dir")
         if recorded:
-            try:  # recorded relative to a named root (jaxpar.portable): this machine's folder
+            try:  # recorded relative to a named root (jaxpar.results.portable): this machine's folder
                 candidates.append(Path(portable.resolve(recorded)))
             except ValueError:
                 pass  # a folder outside the roots: only the checkpoint/ beside it can be found

@@ -36,7 +36,7 @@ SYSTEM_DIRS = {
     "fashion_mnist": ["/usr/share/datasets/fashion-mnist"],
     "mnist": ["/usr/share/datasets/mnist"],
 }
-# The package that installs them there: results name the files by it (jaxpar.portable).
+# The package that installs them there: results name the files by it (jaxpar.results.portable).
 PACKAGES = {"fashion_mnist": "deb:dataset-fashion-mnist"}
 # Where TFDS downloads them from when they are on no disk (jaxpar.data.tfds_idx).
 DOWNLOAD_URLS = {

@@ -1,5 +1,5 @@
 """Results name no folder of the machine that wrote them: paths relative to named roots
-(jaxpar.portable), in results, point files, summaries and orbax's commit marks."""
+(jaxpar.results.portable), in results, point files, summaries and orbax's commit marks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import tempfile
 
 import pytest
 
-from jaxpar import portable, results
+from jaxpar.results import portable
+from jaxpar import results
 from jaxpar.results import RunResult
 
 # A machine as the rewrite of old results saw it: checkout two folders down, root's home.

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from experiments.__main__ import run
-from jaxpar import portable, provenance, results
+from jaxpar.results import portable, provenance
+from jaxpar import results
 from jaxpar.config import DataConfig
 from jaxpar.data.idx import DOWNLOAD_URLS, IDX_FILE_STEMS, SYSTEM_DIRS, write_idx
 from jaxpar.parallel.single import Single

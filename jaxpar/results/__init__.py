@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from jaxpar.runtime import gloo_poller, host_memory
-from jaxpar import mesh, portable, provenance, ran
+from jaxpar import mesh
+from jaxpar.results import portable, provenance, ran
 from jaxpar.runtime.distributed import mpi_rank
 from jaxpar.errors import ResultsError
 
-# Read where a run starts from (revision, dirty diff, data source): see jaxpar/provenance.py.
+# Read where a run starts from (revision, dirty diff, data source): see jaxpar/results/provenance.py.
 capture_provenance = provenance.capture
 
 SCHEMA_VERSION = 1
@@ -47,7 +48,7 @@ class RunResult:
 
     def to_json(self) -> str:
         """The result as JSON, every path in it (options, data files, messages) relative to
-        its named root (jaxpar.portable): a result names no folder of the machine."""
+        its named root (jaxpar.results.portable): a result names no folder of the machine."""
         return json.dumps(portable.value(dataclasses.asdict(self)), indent=2, sort_keys=False,
                           default=_jsonable)
 
@@ -109,7 +110,7 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
 
 def write_summary(path: str | os.PathLike, text: str) -> Path:
     """A study's summary (markdown written beside its results) atomically, its paths relative
-    to their roots as the results' are (jaxpar.portable)."""
+    to their roots as the results' are (jaxpar.results.portable)."""
     return write_atomic(path, portable.text(text))
 
 

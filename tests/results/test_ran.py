@@ -1,9 +1,9 @@
-"""Every result records what ran (jaxpar/ran.py): the convolution and batch-norm forms
+"""Every result records what ran (jaxpar/results/ran.py): the convolution and batch-norm forms
 `--conv-impl` resolved to, oneDNN's version and ISA where its convolutions ran, XLA's threads,
 a pipeline's formulation, the GPU and its driver; `report`'s machine lines show it, and old
 results without it still report ("not recorded").
 
-    python -m pytest -q tests/test_ran.py
+    python -m pytest -q tests/results/test_ran.py
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import pytest
 
 from conftest import ROOT, run_cli
 from experiments import tables
-from jaxpar import api, ran, results
+from jaxpar import api, results
+from jaxpar.results import ran
 from jaxpar.config import TrainConfig, with_options
 from jaxpar.models import layers, onednn
 

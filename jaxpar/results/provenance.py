@@ -7,7 +7,7 @@ tree records the SHA-256 of its diff (`git diff HEAD`, the checkout's `figures/`
 results and drawings are what runs write, not the code they run, and a study re-measuring
 into its own folder would otherwise record every earlier point's files); `write_diff_beside`
 puts the diff itself next to the results file. The data source names the files a run read (relative to
-named roots: the working folder, jaxpar's cache, the package that installed them; jaxpar.portable)
+named roots: the working folder, jaxpar's cache, the package that installed them; jaxpar.results.portable)
 and their checksums, or the arrays it was given and theirs.
 
     provenance.capture(config.data)     # at the start of a run
@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 
 from jaxpar import data as datalib
-from jaxpar import portable
+from jaxpar.results import portable
 from jaxpar.errors import DataError
 from jaxpar.data.idx import DOWNLOAD_URLS, find_idx_files
 
-# The folder git is asked about: the checkout this package was imported from.
+# The folder git is asked about: a folder of the checkout this package was imported from.
 REPO_DIR = Path(__file__).resolve().parent
 # Diffs larger than this are recorded by hash and size only (results folders stay small).
 MAX_DIFF_BYTES = 256 * 1024

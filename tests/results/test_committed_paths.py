@@ -1,8 +1,8 @@
 """Every committed file under figures/ names no folder of the machine that wrote it: no absolute
 path and no path climbing out of the repository (docs/design.md, "Results and provenance";
-results write theirs relative to named roots, jaxpar/portable.py).
+results write theirs relative to named roots, jaxpar/results/portable.py).
 
-    python -m pytest -q tests/test_committed_paths.py
+    python -m pytest -q tests/results/test_committed_paths.py
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def test_no_committed_result_names_a_folder_of_the_machine():
         if paths:
             found[name] = sorted(set(paths))
     assert not found, ("committed files name folders of the machine that wrote them (write them "
-                       "through jaxpar.portable):\n" + "\n".join(
+                       "through jaxpar.results.portable):\n" + "\n".join(
                            f"  {name}: {', '.join(paths[:3])}" for name, paths in sorted(found.items())))
 
 
