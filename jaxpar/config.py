@@ -79,7 +79,8 @@ class ParallelConfig:
     accumulate: int = _opt(1, "gradient accumulation: split each global batch into K sequential chunks (data-parallel strategies)", valid=AT_LEAST_1)
     sync_every: int = _opt(1, "local-sgd: local steps between parameter averages", valid=AT_LEAST_1)
     microbatches: int = _opt(4, "pipeline: micro-batches per global batch (M)", valid=AT_LEAST_1)
-    schedule: str = _opt("gpipe", "pipeline schedule: gpipe (fill-drain) | 1f1b")
+    schedule: str = _opt("gpipe", "pipeline schedule: gpipe (fill-drain) | 1f1b | interleaved-1f1b | looped-bfs | zb-h1 (zero bubble: backward split into input and weight gradients) | zbv | dualpipev")
+    virtual_stages: int = _opt(0, "pipeline: stages per device (V chunks: interleaved-1f1b, looped-bfs, zb-h1 take any; zbv and dualpipev 2); 0: the schedule's own (2 for interleaved-1f1b, looped-bfs, zbv, dualpipev, else 1)", valid=AT_LEAST_0)
     remat: bool = _opt(False, "pipeline: recompute stage activations in the backward pass")
     pipeline_impl: str = _opt("auto", "pipeline, gems, hybrid: how stages run: spmd (one program, stages as lax.switch branches in a loop) | mpmd (one program per stage, the schedule driven from the host) | auto (mpmd on a CPU, whose control flow runs convolutions on a slow path; spmd elsewhere)")
     # None: stages balanced by XLA's FLOP count of each layer (jaxpar.parallel.pipeline.partition).

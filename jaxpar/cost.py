@@ -99,6 +99,7 @@ class Work:
     microbatches: int = 1
     serial: bool = False                     # devices run one after another (layer-split)
     programs: float = 0.0                    # programs the host dispatches per step (one per stage program)
+    span_s: float | None = None              # pipeline: its schedule's span replayed with stage times
 
 
 @dataclass(frozen=True)
@@ -356,8 +357,9 @@ def predict(work: Work, machine: Machine, batch: int, devices: int) -> Predictio
         slowest = max(work.stage_s)
         dedicated = work.microbatches * slowest
         # fill and drain: each other stage's one micro-batch ((S - 1) slots of the slowest when
-        # the stages are equal; a stage much faster than the slowest idles less)
-        bubble = sum(work.stage_s) - slowest
+        # the stages are equal; a stage much faster than the slowest idles less); a schedule
+        # with its own span (interleaved, zero bubble) idles what its replay says
+        bubble = sum(work.stage_s) - slowest if work.span_s is None else max(work.span_s - dedicated, 0.0)
         updates = max(work.device_s) if work.device_s else 0.0
         critical = dedicated + bubble + updates
         total_work = work.microbatches * sum(work.stage_s) + sum(work.device_s)
@@ -462,6 +464,7 @@ class Problem:
     implementation: str = "spmd"  # pipelines: one program ("spmd") or one per stage ("mpmd")
     collective_form: str = "native"  # tensor's CNN split: XLA's gathers or "permute" (comm_forms)
     cut_inside: bool = False  # pipelines: the CNN's conv2 parted between stages (`inner_cut`)
+    virtual_stages: int = 0   # pipelines: stages per device (0: the schedule's own)
 
     def size(self, axis: str) -> int:
         return int(self.axes.get(axis, 1))

@@ -39,7 +39,7 @@ def reference(comm, monkeypatch):
 
 # The model-parallel runs: a stack-mlp whose 4 blocks and width 32 split over 2 or 4 stages or
 # tensor shards; lr 0.01 (the stack diverges at the protocol's 0.1).
-STACK = dict(model="stack-mlp", width=32, depth=4, lr=0.01)
+STACK = dict(model="stack-mlp", width=32, depth=6, lr=0.01)  # 8 layers: 2 stages on each of 4 ranks
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,12 @@ CASES = [("tensor", {}), ("tensor-auto", {}), ("pipeline", {"schedule": "gpipe"}
          ("pipeline", {"schedule": "1f1b", "remat": True}), ("hybrid", {}),
          ("layer-split", {}), ("dp-pmap", {}),
          ("mpi-pipeline", {"schedule": "gpipe"}), ("mpi-pipeline", {"schedule": "1f1b"})]
+# Every other schedule across the ranks, over jax.distributed and over MPI (stack-mlp: 8 layers
+# hold 2 stages per rank on 4 ranks; dualpipev needs a micro-batch per stage).
+SCHEDULES = [("interleaved-1f1b", {}), ("looped-bfs", {}), ("zb-h1", {}), ("zb-h1", {"remat": True}),
+             ("zbv", {}), ("dualpipev", {"microbatches": 8})]
+CASES += [(strategy, {"schedule": name, **extra}) for strategy in ("pipeline", "mpi-pipeline")
+          for name, extra in SCHEDULES]
 
 
 @pytest.mark.parametrize("strategy,options", CASES, ids=lambda c: c if isinstance(c, str) else

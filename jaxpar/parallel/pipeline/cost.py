@@ -14,6 +14,7 @@ from jaxpar.cost import SUMS_BYTES, Collective, Problem, Work
 from jaxpar.errors import ConfigError
 from jaxpar.parallel.pipeline import inner_cut
 from jaxpar.parallel.pipeline.partition import balanced
+from jaxpar.parallel.pipeline.schedules import build, peak_in_flight, simulate, table
 from jaxpar.parallel.tensor.cost import tensor_ops, tensor_parts
 
 
@@ -98,9 +99,13 @@ def pipeline(p: Problem, op: str = "collective-permute") -> Work:
     B/(D*M) rows through every stage, (S - 1) slots of bubble, the activations and their
     gradients between stages (`_sends`), the update once per step;
     GPipe keeps M micro-batches' activations, 1F1B at most S. Tensor and data axes (hybrid)
-    split each stage as `tensor` does and all-reduce the stage's gradient."""
+    split each stage as `tensor` does and all-reduce the stage's gradient. Any other schedule
+    (several stages per device, the backward split in two) is replayed with the stages' times
+    (`schedule_span`): its span, its per-device work and its peak of activations in flight."""
     if p.cut_inside:
         p = with_inner_cut(p)
+    if p.schedule not in ("gpipe", "1f1b", "gems"):
+        return scheduled(p, op)
     c, s, m, d, t = p.compute, p.size("stage"), p.microbatches, p.size("data"), p.size("tensor")
     b = p.batch / d / m
     ranges = stage_layers(p, s)
@@ -122,6 +127,38 @@ def pipeline(p: Problem, op: str = "collective-permute") -> Work:
     programs = d * _programs(s, m, s, one_each=d == t == 1) if p.implementation == "mpmd" else 0
     return Work(updates, tuple(ops), max(stage_params) * 3, act, stage_s=tuple(stage_s), microbatches=m,
                 programs=programs)
+
+
+def scheduled(p: Problem, op: str) -> Work:
+    """A schedule with its own lists on S devices (one replica, no tensor or data axes): its
+    S x V stages' times per micro-batch (a forward a third, its backward two, split evenly
+    into input and weight gradients), replayed for its span; the sends that cross devices."""
+    c, s, m, b = p.compute, p.size("stage"), p.microbatches, p.batch / p.microbatches
+    schedule = build(p.schedule, s, m, p.virtual_stages)
+    ranges = stage_layers(p, schedule.stages)
+    params = [sum(c.layers[i].param_bytes for i in r) for r in ranges]
+    train = [c.part_s(b, r) - c.update_s * q / max(c.param_bytes, 1) for r, q in zip(ranges, params)]
+    per_device = [[k for k in range(schedule.stages) if schedule.device_of(k) == dev] for dev in range(s)]
+    updates = tuple(sum(c.update_s * params[k] / max(c.param_bytes, 1) for k in ks) for ks in per_device)
+    crossing = [r for k, r in enumerate(ranges[:-1]) if schedule.device_of(k) != schedule.device_of(k + 1)]
+    ops = _sends(p, crossing + [ranges[-1]], b, op)
+    peak = max(peak_in_flight(table(schedule)))
+    act = max(sum(c.layers[i].out_bytes_per_example for i in r) for r in ranges) * b * peak * 2
+    programs = _programs(s, m, s, one_each=True) if p.implementation == "mpmd" else 0
+    return Work(updates, tuple(ops), max(sum(params[k] for k in ks) for ks in per_device) * 3, act,
+                stage_s=tuple(sum(train[k] for k in ks) for ks in per_device), microbatches=m,
+                programs=programs, span_s=schedule_span(schedule, train))
+
+
+def schedule_span(schedule, stage_s: list[float]) -> float:
+    """The span of `schedule` replayed with stage k's training time per micro-batch
+    `stage_s[k]`: its forward a third of it, its backward two thirds (input and weight
+    gradients a third each)."""
+    seconds = {}
+    for k, t in enumerate(stage_s):
+        seconds.update({("F", k): t / 3, ("B", k): 2 * t / 3, ("I", k): t / 3, ("W", k): t / 3})
+    times = simulate(schedule, lambda a: seconds[a.kind, a.stage])
+    return max(e for _, e in times.values())
 
 
 def mpi_pipeline(p: Problem) -> Work:

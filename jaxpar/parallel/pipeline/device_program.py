@@ -25,6 +25,8 @@ import jax.numpy as jnp
 
 from jaxpar.parallel.pipeline.schedules import (BACKWARD, FORWARD, Action, Recv, Schedule, Send,
                                                 consumer, message)
+from jaxpar.parallel.pipeline.schedules.actions import WEIGHT
+from jaxpar.parallel.pipeline.schedules.messages import taker
 from jaxpar.parallel.pipeline.stage_fns import StageFunctions
 
 
@@ -68,19 +70,18 @@ def execute(ops, schedule: Schedule, run: RunAction, transport: Transport,
             produced, order = run(op, inbox.pop(op, None), order)
             for kind, x in produced.items():
                 made = op._replace(kind=kind)
-                msg, taker = message(made, schedule), consumer(made, schedule.stages)
+                msg, local = message(made, schedule), consumer(made, schedule)
                 if msg is not None:
                     outbox[msg] = x
-                elif taker is not None:
-                    inbox[taker] = x  # the next stage on this device takes it directly
+                elif local is not None:
+                    inbox[local] = x  # the next stage on this device takes it directly
         elif isinstance(op, Send):
             sent = transport.send(outbox.pop(op.message), op.to, messages)
             order, messages = tie(order, sent), tie(messages, sent)
         else:
             assert isinstance(op, Recv)
             got = transport.receive(like(op.message), op.source, order)
-            m = op.message
-            inbox[Action(m.kind, m.microbatch, m.receiver, m.replica)] = got
+            inbox[taker(op.message, schedule)] = got
             order, messages = tie(order, got), tie(messages, got)
     return order
 
@@ -99,11 +100,15 @@ class StageCopy:
     """One stage copy's part of its device's program: its state, what it accumulates, and what
     its forwards keep for its backwards. The last stage runs each micro-batch's forward, loss
     and backward at once in its forward's slot, handing the gradient on there (`early`) or at
-    its backward's slot."""
+    its backward's slot. Where the schedule splits backwards (`split`), the forwards keep each
+    layer's vjp, an input gradient keeps each layer's cotangent, and the weight gradient
+    (`W`) uses both (the last stage computes its input gradient in its forward's slot)."""
 
-    def __init__(self, fns: StageFunctions, r, s, params, stats, image, label, weight, early=False):
+    def __init__(self, fns: StageFunctions, r, s, params, stats, image, label, weight, early=False,
+                 split=False):
         self.fns, self.r, self.s, self.params, self.stats = fns, r, s, params, stats
-        self.early = early and s == fns.stages - 1
+        self.early, self.split = early and s == fns.stages - 1, split
+        self.for_weights = {}  # by micro-batch: (layers' vjps, cotangents) awaiting their W
         self.acc, self.z, self.sums = fns.zeros(s, params, stats)
         self.images = fns.split_images(r, image) if s == 0 else None
         self.labels, self.weights, self.denom = (fns.split_labels(r, label, weight) if s == fns.stages - 1
@@ -112,6 +117,8 @@ class StageCopy:
 
     def run(self, action: Action, arrived, order):
         """The copy's action: ({"F": activation} or {"B": gradient} to hand on, the order after it)."""
+        if self.split:
+            return self._run_split(action, arrived, order)
         fns, s, last = self.fns, self.s, self.fns.stages - 1
         m = action.microbatch
         i = m - self.r * (fns.microbatches // fns.replicas)  # the micro-batch's index in its replica
@@ -141,3 +148,45 @@ class StageCopy:
         else:
             self.acc, dx = fns.backward(s, self.kept.pop(m), g, self.acc)
         return ({BACKWARD: dx} if s > 0 else {}), tie(order, self.acc)  # receives wait for the slot's work
+
+    # --- schedules that split backwards: input gradient (I) and weight gradient (W) --------------
+    def _run_split(self, action: Action, arrived, order):
+        fns, s, last, kind = self.fns, self.s, self.fns.stages - 1, action.kind
+        m = action.microbatch
+        i = m - self.r * (fns.microbatches // fns.replicas)
+        if kind == FORWARD and s < last:
+            x = after(self.images[i] if s == 0 else arrived, order)
+            if fns.remat:
+                out, _, self.z = fns.layers_forward(s, self.params, self.stats, x, self.z)
+                self.kept[m] = x
+            else:
+                out, self.kept[m], self.z = fns.layers_forward(s, self.params, self.stats, x, self.z)
+            return {FORWARD: out}, tie(order, out)
+        if kind == FORWARD:  # the last stage: forward, loss and input gradient at once
+            dx, vjps, cts, self.z, self.sums = fns.last_input(
+                self.params, self.stats, after(arrived, order), self.labels[i], self.weights[i], self.denom,
+                self.z, self.sums)
+            self.for_weights[m], self.to_send[m] = (vjps, cts), dx
+            order = tie(order, (dx, cts))
+            return ({BACKWARD: self.to_send.pop(m)} if self.early and s > 0 else {}), order
+        if kind == WEIGHT:
+            vjps, cts = self.for_weights.pop(m)
+            self.acc = fns.backward_weight(vjps, [after(g, order) for g in cts], self.acc)
+            return {}, tie(order, self.acc)
+        out, order = self._input_gradient(s, last, m, arrived, order)
+        if kind == BACKWARD:  # a whole backward in a schedule that splits others: W at once
+            return self._run_split(action._replace(kind=WEIGHT), None, order)[0] | out, tie(order, self.acc)
+        return out, order
+
+    def _input_gradient(self, s, last, m, arrived, order):
+        """I(m): the input gradient (the last stage's was computed in its forward's slot)."""
+        if s == last:
+            grad = self.to_send.pop(m, None)
+            return ({} if self.early or s == 0 else {BACKWARD: grad}), order
+        g = after(arrived, order)
+        vjps = self.kept.pop(m)
+        if self.fns.remat:  # recomputed from the input, made to wait for this slot
+            _, vjps, _ = self.fns.layers_forward(s, self.params, self.stats, after(vjps, order), self.z)
+        dx, cts = self.fns.backward_input(vjps, g)
+        self.for_weights[m] = (vjps, cts)
+        return ({BACKWARD: dx} if s > 0 else {}), tie(order, (dx, cts) if s > 0 else cts)

@@ -19,6 +19,8 @@ def schedule_facts(schedule: Schedule, plan, bubble_theory: float) -> dict:
     rows = table(schedule)
     bubble = bubble_fraction(rows)
     return {"microbatches": schedule.microbatches, "schedule": schedule.name, "slots": len(rows),
+            "virtual_stages": schedule.stages // schedule.devices, "stage_devices": list(schedule.placement[0]),
+            "backward": "split into input and weight gradients" if schedule.splits_backward else "whole",
             "bubble_fraction": bubble, "bubble_theory": bubble_theory,
             "peak_in_flight_per_stage": peak_in_flight(rows),
             # on S dedicated workers (ranks, GPUs); simulated devices share the cores

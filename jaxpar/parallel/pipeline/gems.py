@@ -50,7 +50,8 @@ class Gems(PipelineStrategy):
                             f"each replica.")
         return problems
 
-    def schedule_name(self) -> str:
+    @classmethod
+    def schedule_of(cls, config) -> str:
         return "gems"
 
     @property

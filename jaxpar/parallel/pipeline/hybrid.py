@@ -54,7 +54,7 @@ class Hybrid(PipelineStrategy):
     summary = ("data x tensor x stage on one mesh: pipeline stages, Megatron-split blocks, "
                "data-sharded batch")
     models = ("stack-mlp", "vit")  # blocks that split column -> row, no batch norm
-    options = ("microbatches", "schedule", "remat", "stage_boundaries", "pipeline_impl")
+    options = ("microbatches", "schedule", "virtual_stages", "remat", "stage_boundaries", "pipeline_impl")
     data_axis = DATA
     axes = (DATA, TENSOR, STAGE)
     cost_model = staticmethod(cost.pipeline)

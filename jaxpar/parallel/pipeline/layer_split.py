@@ -45,7 +45,8 @@ class LayerSplit(PipelineStrategy):
     def microbatches_of(cls, config) -> int:
         return 1
 
-    def schedule_name(self) -> str:
+    @classmethod
+    def schedule_of(cls, config) -> str:
         return "gpipe"
 
     @property

@@ -36,11 +36,13 @@ from jaxpar import data as datalib
 from jaxpar import step as steplib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE
+from jaxpar.parallel import layout
 from jaxpar.parallel.layout import pick
 from jaxpar.parallel.mpi import common as mpi_common
-from jaxpar.parallel.pipeline import cost, facts, inner_cut, partition
+from jaxpar.parallel.pipeline import cost, facts, inner_cut
 from jaxpar.parallel.pipeline.device_program import StageCopy, after, execute, message_like
-from jaxpar.parallel.pipeline.schedules import bubble_theory, build, lower
+from jaxpar.parallel.pipeline.schedules import Recv, Send, bubble_theory, build, lower, timed_bubble
+from jaxpar.parallel.pipeline.strategy import PipelineStrategy
 from jaxpar.parallel.pipeline.stage_fns import StageFunctions
 from jaxpar.profiling import measure
 from jaxpar.runtime import distributed
@@ -77,7 +79,7 @@ class MpiPipeline(mpi_common.OnePerRank):
     models = None  # any model without batch norm: a sequence of layers, one stage per rank
     default_axes = {STAGE: 1}  # one device per rank; the ranks are the stages
     carries_batch_norm = False  # its ranks hold no statistics of each other's stages
-    options = ("microbatches", "schedule", "remat", "stage_boundaries")
+    options = ("microbatches", "schedule", "virtual_stages", "remat", "stage_boundaries")
 
     @classmethod
     def check(cls, config, axes):
@@ -91,12 +93,11 @@ class MpiPipeline(mpi_common.OnePerRank):
         return problems
 
     @classmethod
-    def _stage_problems(cls, config, stages: int) -> list[str]:
-        if stages < 2:
+    def _stage_problems(cls, config, ranks: int) -> list[str]:
+        if ranks < 2:
             return [f"--strategy {cls.name} runs one stage per MPI rank; launch S >= 2 ranks "
                     "(mpiexec -n S)."]
-        return partition.boundary_problems(config.parallel.stage_boundaries,
-                                           partition.layer_names(config.model), stages)
+        return PipelineStrategy.schedule_problems(config, ranks)
 
     # --- set-up -----------------------------------------------------------------------------
     def init(self, model, tx, mesh):
@@ -106,9 +107,10 @@ class MpiPipeline(mpi_common.OnePerRank):
         if problems:
             raise ConfigError(problems[0])
         self.M = self.config.parallel.microbatches
-        self.plan = inner_cut.plan(self.config, self.size, inside=True)
-        self.schedule = build(self.config.parallel.schedule, self.size, self.M)
+        self.schedule = build(self.config.parallel.schedule, self.size, self.M, self.config.parallel.virtual_stages)
+        self.plan = inner_cut.plan(self.config, self.schedule.stages, inside=True)
         self.lowered = lower(self.schedule)  # answered messages: every send waits for its receive
+        self.mine = [s for s in range(self.schedule.stages) if self.schedule.device_of(s) == self.rank]
         _, ref_params, ref_state = steplib.split_model(model)
         self.cut = self.plan.stages(model, datalib.spec(self.config.data).image_shape)
         self.fns = StageFunctions.of(self.cut.model, self.cut.ranges, self.cut.keys, tx, self.M,
@@ -121,10 +123,14 @@ class MpiPipeline(mpi_common.OnePerRank):
 
     def state_from_reference(self, ref):
         ref = self.plan.to_view(jax.device_get(ref))
-        params = self.fns.own(ref.params, self.rank)
+        params = self._own(ref.params)
         opt = pick(jax.eval_shape(self.tx.init, params), [ref.opt_state])
         return jax.device_put(steplib.TrainState(step=ref.step, params=params, opt_state=opt,
                                                  model_state=ref.model_state), self.device)
+
+    def _own(self, tree) -> dict:
+        """This rank's stages' sub-dict of `tree` (their layers' entries)."""
+        return layout.owned(tree, [k for s in self.mine for k in self.cut.keys[s]])
 
     def state_to_reference(self, state):
         mine = jax.device_get(state)
@@ -134,10 +140,10 @@ class MpiPipeline(mpi_common.OnePerRank):
                                                       opt_state=opt, model_state=mine.model_state))
 
     def place_batch(self, batch):
-        # Each rank places what its stage reads: images on the first, labels on the last;
-        # every rank the weights (the loss denominator, and the rows of a micro-batch).
-        keep = {"weight"} | ({"image"} if self.rank == 0 else set()) | (
-            {"label"} if self.rank == self.size - 1 else set())
+        # Each rank places what its stages read: images where the first is, labels where the
+        # last is; every rank the weights (the loss denominator, and the rows of a micro-batch).
+        last = self.schedule.stages - 1
+        keep = {"weight"} | ({"image"} if 0 in self.mine else set()) | ({"label"} if last in self.mine else set())
         return jax.device_put({k: v for k, v in self.pad(batch).items() if k in keep}, self.device)
 
     def gradients(self, state, batch):
@@ -150,17 +156,18 @@ class MpiPipeline(mpi_common.OnePerRank):
         rows = batch["weight"].shape[0]
         if rows % self.M:
             raise ConfigError(f"--microbatches {self.M} must divide the batch's {rows} rows")
-        copy = StageCopy(self.fns, 0, self.rank, params, {}, batch.get("image"), batch.get("label"),
-                         batch["weight"])
-        execute(self.lowered[self.rank], self.schedule, copy.run, self.transport,
-                message_like(self.schedule, self.cut.boundaries, rows))
-        sums = copy.sums if copy.sums is not None else {k: jnp.zeros((), jnp.float32) for k in steplib.SUMS}
-        return copy.acc, sums
+        copies = {s: StageCopy(self.fns, 0, s, self.fns.own(params, s), {}, batch.get("image"), batch.get("label"),
+                               batch["weight"], split=self.schedule.splits_backward) for s in self.mine}
+        execute(self.lowered[self.rank], self.schedule, lambda a, x, order: copies[a.stage].run(a, x, order),
+                self.transport, message_like(self.schedule, self.cut.boundaries, rows))
+        last = copies.get(self.schedule.stages - 1)
+        sums = last.sums if last is not None else {k: jnp.zeros((), jnp.float32) for k in steplib.SUMS}
+        return layout.nest([leaf for c in copies.values() for leaf in layout.leaves(c.acc)]), sums
 
     def _share(self, sums):
-        """The last rank's metric sums, on every rank (one broadcast of 3 floats)."""
+        """The metric sums of the last stage's rank, on every rank (one broadcast of 3 floats)."""
         flat = jnp.stack([sums[k] for k in steplib.SUMS])
-        flat = self.mpi4jax.bcast(flat, self.size - 1, comm=self.transport.comm)
+        flat = self.mpi4jax.bcast(flat, self.schedule.device_of(self.schedule.stages - 1), comm=self.transport.comm)
         return {k: flat[i] for i, k in enumerate(steplib.SUMS)}
 
     def _step(self, state, batch):
@@ -169,27 +176,29 @@ class MpiPipeline(mpi_common.OnePerRank):
 
     def _eval(self, state, batch):
         """The whole batch through the stages in turn (one micro-batch), sums on every rank."""
-        s, last, comm = self.rank, self.rank == self.size - 1, self.transport.comm
-        if s > 0:
-            shape = (batch["weight"].shape[0], *self.cut.boundaries[s - 1])
-        x = batch["image"] if s == 0 else self.mpi4jax.recv(jnp.zeros(shape, jnp.float32), s - 1, comm=comm)
-        h = self.fns.forward(s, state.params, {}, x, False)[0]
-        if not last:
-            self.mpi4jax.send(h, s + 1, comm=comm)
-            return self._share({k: jnp.zeros((), jnp.float32) for k in steplib.SUMS})
-        return self._share(steplib.loss_from_logits(h, batch)[1])
+        comm, where, last = self.transport.comm, self.schedule.device_of, self.schedule.stages - 1
+        h, sums = None, {k: jnp.zeros((), jnp.float32) for k in steplib.SUMS}
+        for s in self.mine:
+            if s == 0:
+                h = batch["image"]
+            elif where(s - 1) != self.rank:
+                shape = (batch["weight"].shape[0], *self.cut.boundaries[s - 1])
+                h = self.mpi4jax.recv(jnp.zeros(shape, jnp.float32), where(s - 1), comm=comm)
+            h = self.fns.forward(s, self.fns.own(state.params, s), {}, h, False)[0]
+            if s == last:
+                sums = steplib.loss_from_logits(h, batch)[1]
+            elif where(s + 1) != self.rank:
+                self.mpi4jax.send(h, where(s + 1), comm=comm)
+        return self._share(sums)
 
     # --- accounting -----------------------------------------------------------------------------
-    def _activation_bytes(self) -> list[int]:
-        """One micro-batch's activation at each boundary, in bytes."""
-        rows = self.config.data.batch_size // self.M
-        return [int(np.prod((rows, *b))) * 4 for b in self.cut.boundaries]
-
-    def _rank_bytes(self, s: int) -> int:
-        """What rank s sends (and receives) per step: M outputs forward unless last, M input
-        gradients backward unless first, and a 4-byte answer to each message it receives."""
-        A, last = self._activation_bytes(), self.size - 1
-        return self.M * ((A[s] + ANSWER_BYTES if s < last else 0) + (A[s - 1] + ANSWER_BYTES if s > 0 else 0))
+    def _rank_bytes(self, rank: int) -> int:
+        """What `rank` sends (and receives) per step, read off its lowered schedule: each
+        message it sends (an activation or gradient of one micro-batch) and a 4-byte answer to
+        each it receives."""
+        like = message_like(self.schedule, self.cut.boundaries, self.config.data.batch_size)
+        return sum(int(np.prod(like(op.message).shape)) * 4 if isinstance(op, Send) else ANSWER_BYTES
+                   for op in self.lowered[rank] if isinstance(op, (Send, Recv)))
 
     def theory(self) -> dict[str, int]:
         """Bytes this rank sends and receives point-to-point per step, the 12-byte broadcast of
@@ -220,17 +229,23 @@ class MpiPipeline(mpi_common.OnePerRank):
                 "bubble_fraction": described["bubble_fraction"], "bubble_theory": described["bubble_theory"]}
 
     def stage_param_bytes(self) -> list[int]:
-        return [measure.tree_bytes(self.fns.own(self.fns.shapes, s)) for s in range(self.size)]
+        return [measure.tree_bytes(self.fns.own(self.fns.shapes, s)) for s in range(self.schedule.stages)]
 
     def stage_state_bytes(self) -> list[int]:
-        """Parameters + optimizer state of each stage (its rank's state), from their shapes."""
-        return [measure.tree_bytes((p, jax.eval_shape(self.tx.init, p)))
-                for p in (self.fns.own(self.fns.shapes, s) for s in range(self.size))]
+        """Parameters + optimizer state of each rank (its stages'), from their shapes."""
+        held = [[s for s in range(self.schedule.stages) if self.schedule.device_of(s) == r] for r in range(self.size)]
+        return [measure.tree_bytes((p, jax.eval_shape(self.tx.init, p))) for p in (
+            layout.owned(self.fns.shapes, [k for s in stages for k in self.cut.keys[s]]) for stages in held)]
+
+    def _bubble_theory(self) -> float:
+        if self.schedule.name in ("gpipe", "1f1b"):
+            return bubble_theory(self.size, self.M)
+        return timed_bubble(self.schedule)
 
     def describe(self) -> dict:
         return {**super().describe(), "processes": self.size, "devices": self.size,
                 **facts.plan_facts(self.plan, self.cut.names),
-                **facts.schedule_facts(self.schedule, self.plan, bubble_theory(self.size, self.M)),
+                **facts.schedule_facts(self.schedule, self.plan, self._bubble_theory()),
                 "boundary_shapes_per_example": [list(b) for b in self.cut.boundaries],
                 "remat": self.config.parallel.remat, "stage_param_bytes": self.stage_param_bytes(),
                 "messages": "mpi4jax sendrecv between neighbouring ranks, each answered with 4 bytes"}

@@ -23,8 +23,8 @@ from jaxpar.parallel.pipeline.strategy import PipelineStrategy
 class Pipeline(PipelineStrategy):
     name = "pipeline"
     summary = ("any model's layers cut into stages balanced by FLOPs, one per device over "
-               "`stage`; `--microbatches M`, `--schedule gpipe|1f1b`, `--remat`, "
+               "`stage`; `--microbatches M`, `--schedule gpipe|1f1b|interleaved-1f1b|looped-bfs|zb-h1|zbv|dualpipev`, `--virtual-stages V`, `--remat`, "
                "`--stage-boundaries`; stages as one SPMD program or one program each "
                "(`--pipeline-impl`)")
-    options = ("microbatches", "schedule", "remat", "stage_boundaries", "pipeline_impl")
+    options = ("microbatches", "schedule", "virtual_stages", "remat", "stage_boundaries", "pipeline_impl")
     cost_model = staticmethod(cost.pipeline)  # at its bound, either runtime

@@ -13,6 +13,12 @@ layer range and parameter keys):
   stage's gradient accumulator, and the gradient of the stage's input to send back;
 - `last`: the last stage's forward, loss (the global batch's denominator) and backward at
   once, so the last stage keeps no residuals;
+- for schedules that split the backward (zero bubble), the same work layer by layer
+  (`layers_forward`: a vjp per layer; `backward_input`: the input gradient alone, keeping
+  each layer's output cotangent; `backward_weight`: the parameter gradients from what the
+  input gradient kept, so its work is not done twice; `last_input`: the last stage's
+  forward, loss and input gradient), each program computing only what it returns (XLA drops
+  the other half of every layer's vjp);
 - `update`: the shared optimizer update (`step.apply_update`) of the stage's parameters;
 - `zeros`, `split_images`, `split_labels`: accumulators and one replica's micro-batches.
 
@@ -125,6 +131,56 @@ class StageFunctions:
         grads, (s_m, new) = jax.grad(loss, argnums, has_aux=True)(params, x)
         add = lambda a, b: jax.tree.map(jnp.add, a, b)  # noqa: E731
         return add(acc, grads[0]), (grads[1] if S > 1 else None), add(z_sum, new), add(sums, s_m)
+
+    # --- the backward in two: input gradient, then weight gradient (layer by layer) ---------
+    def _layer(self, s, i, params, stats, h):
+        """Layer i of stage s on `h` (stage 0's first layer takes the normalised images):
+        its output and its batch-norm statistics after the call."""
+        zeros = lambda t: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), t)  # noqa: E731
+        model = nnx.merge(self.graphdef, pick(self.shapes, [params, zeros(self.shapes)]),
+                          pick(self.state_shapes, [stats, zeros(self.state_shapes)]))
+        layer = model.layers()[i]
+        out = layer(h, True)
+        return out, layout.owned(nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))), list(layer.keys))
+
+    def layers_forward(self, s, params, stats, x, z_sum):
+        """(output, each layer's vjp, z_sum + the stage's statistics)."""
+        h = steplib.normalize(x) if s == 0 else x
+        vjps, new = [], []
+        for i in self.ranges[s]:
+            h, vjp, z_i = jax.vjp(lambda p, a, i=i: self._layer(s, i, p, stats, a), params, h, has_aux=True)
+            vjps.append(vjp)
+            new += layout.leaves(z_i)
+        return h, vjps, jax.tree.map(jnp.add, z_sum, layout.nest(new)) if new else z_sum
+
+    @staticmethod
+    def backward_input(vjps, g):
+        """The stage's input gradient from its output's `g`, and each layer's output cotangent
+        (what `backward_weight` needs)."""
+        cotangents = []
+        for vjp in reversed(vjps):
+            cotangents.append(g)
+            g = vjp(g)[1]  # the parameter half is unused here: XLA drops it
+        return g, cotangents[::-1]
+
+    @staticmethod
+    def backward_weight(vjps, cotangents, acc):
+        """acc + the stage's parameter gradients from its layers' vjps and output cotangents."""
+        for vjp, g in zip(vjps, cotangents):
+            acc = jax.tree.map(jnp.add, acc, vjp(g)[0])  # the input half is unused: XLA drops it
+        return acc
+
+    def last_input(self, params, stats, x, label, weight, denom, z_sum, sums):
+        """The last stage on one micro-batch: forward, loss over the global denominator and
+        the input gradient; returns (input gradient, layers' vjps, their cotangents, z_sum,
+        sums) for `backward_weight`."""
+        S = self.stages
+        logits, vjps, z_sum = self.layers_forward(S - 1, params, stats, x, z_sum)
+        value = lambda lg: steplib.loss_from_logits(lg, {"label": label, "weight": weight}, denom)  # noqa: E731
+        _, loss_vjp, s_m = jax.vjp(value, logits, has_aux=True)
+        g = loss_vjp(jnp.ones((), jnp.float32))[0]
+        dx, cotangents = self.backward_input(vjps, g)
+        return (dx if S > 1 else None), vjps, cotangents, z_sum, jax.tree.map(jnp.add, sums, s_m)
 
     def last_eval(self, params, stats, x, batch):
         """The last stage's metric sums on an evaluation batch."""

@@ -29,7 +29,7 @@ from jaxpar.parallel.base import Strategy
 from jaxpar.parallel.pipeline import facts, inner_cut, partition
 from jaxpar.parallel.pipeline.host.placement import Placement
 from jaxpar.parallel.pipeline.host.runtime import HostRuntime
-from jaxpar.parallel.pipeline.schedules import bubble_theory, build
+from jaxpar.parallel.pipeline.schedules import ScheduleError, bubble_theory, build, timed_bubble, virtual_stages
 from jaxpar.parallel.pipeline.spmd.layout import PaddedStages
 from jaxpar.parallel.pipeline.spmd.runtime import SpmdRuntime
 from jaxpar.parallel.pipeline.stage_fns import StageFunctions
@@ -73,33 +73,67 @@ class PipelineStrategy(Strategy):
 
     @classmethod
     def check(cls, config, axes):
-        stages, shards = axes.get(STAGE, 1), axes.get(DATA, 1) if cls.data_axis else 1
+        devices, shards = axes.get(STAGE, 1), axes.get(DATA, 1) if cls.data_axis else 1
         m, batch = cls.microbatches_of(config), config.data.batch_size
         problems = []
-        if stages < 2:
+        if devices < 2:
             problems.append(f"--strategy {cls.name} needs --mesh {STAGE}=S with S >= 2 stages.")
         else:
-            problems += partition.boundary_problems(config.parallel.stage_boundaries,
-                                                    partition.layer_names(config.model), stages)
+            problems += cls.schedule_problems(config, devices) + cls.runtime_problems(config, devices)
         if batch % (shards * m):
             problems.append(f"--microbatches {m} must divide the --batch-size {batch} rows of each "
                             f"of the {shards} data shard(s); make --batch-size a multiple of {shards * m}.")
         return problems
+
+    @classmethod
+    def schedule_problems(cls, config, devices: int) -> list[str]:
+        """What keeps the schedule from running on `devices` devices (ranks): its stages per
+        device against the model's layers and --stage-boundaries, and its own rules
+        (micro-batches, `schedules.ScheduleError`)."""
+        name, names = cls.schedule_of(config), partition.layer_names(config.model)
+        try:
+            virtual = virtual_stages(name, config.parallel.virtual_stages)
+            if devices * virtual > len(names):
+                return [f"--schedule {name} with {virtual} stages per device needs {devices * virtual} layers "
+                        f"on --mesh {STAGE}={devices}, but the model has {len(names)}; use --virtual-stages "
+                        f"{max(1, len(names) // devices)} or fewer stages, or a deeper model (--depth)."]
+            build(name, devices, cls.microbatches_of(config), virtual)
+        except ScheduleError as e:
+            return [str(e)]
+        return partition.boundary_problems(config.parallel.stage_boundaries, names, devices * virtual)
+
+    @classmethod
+    def runtime_problems(cls, config, devices: int) -> list[str]:
+        """The SPMD program runs one stage per device (GEMS: a copy of each replica) with whole
+        backwards: other schedules run on the host-driven runtime."""
+        name = cls.schedule_of(config)
+        if cls.runtime_kind(config) != "spmd" or name in ("gpipe", "1f1b", "gems"):
+            return []
+        return [f"--schedule {name} (its backward split in two, or several stages per device) runs on "
+                f"the host-driven runtime: pass --pipeline-impl mpmd (the SPMD program runs gpipe and 1f1b)."]
 
     # --- what subclasses choose ----------------------------------------------------------------
     @classmethod
     def microbatches_of(cls, config) -> int:
         return config.parallel.microbatches
 
+    @classmethod
+    def schedule_of(cls, config) -> str:
+        return config.parallel.schedule
+
     def schedule_name(self) -> str:
-        return self.config.parallel.schedule
+        return self.schedule_of(self.config)
 
     @property
     def remat(self) -> bool:
         return self.config.parallel.remat
 
     def bubble_theory(self) -> float:
-        return bubble_theory(self.S, self.M)
+        """GPipe's and 1F1B's (S-1)/(M+S-1); any other schedule's from its own lists, a
+        backward twice a forward (`schedules.timed_bubble`)."""
+        if self.schedule.name in ("gpipe", "1f1b"):
+            return bubble_theory(self.S, self.M)
+        return timed_bubble(self.schedule)
 
     def cuts_inside_layers(self) -> bool:
         """Balance (`inner_cut`) pays where each stage has a worker of its own: accelerators, and
@@ -123,8 +157,8 @@ class PipelineStrategy(Strategy):
         if problems:
             raise ConfigError(" ".join(problems))
         self.S, self.M = mesh.shape[STAGE], self.microbatches_of(self.config)
-        self.schedule = build(self.schedule_name(), self.S, self.M)
-        self.plan = inner_cut.plan(self.config, self.S, inside=self.cuts_inside_layers())
+        self.schedule = build(self.schedule_name(), self.S, self.M, self.config.parallel.virtual_stages)
+        self.plan = inner_cut.plan(self.config, self.schedule.stages, inside=self.cuts_inside_layers())
         _, ref_params, ref_state = steplib.split_model(model)
         ref = steplib.init_state(ref_params, ref_state, tx)
         self.runtime = self._spmd(model) if self.implementation == "spmd" else self._host(model)

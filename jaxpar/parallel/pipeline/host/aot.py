@@ -25,7 +25,8 @@ def compile_stage_programs(programs, placement, states, name: str, state, batch)
 
     if name == "step":
         for r in range(states.fns.replicas):
-            _step_programs(placement, states, build, r, state, batch)
+            programs_of = _split_programs if placement.schedule.splits_backward else _step_programs
+            programs_of(placement, states, build, r, state, batch)
     else:
         _eval_programs(placement, states, build, state, batch)
     return parts
@@ -54,6 +55,31 @@ def _step_programs(placement, states, build, r, state, batch):
             build(f"add{s}", r, s, 1, (acc, z_sum), (acc, z_sum))
             if s == S - 1 and r == 0:
                 build("add_sums", r, s, 1, *(2 * (on(sums, s, r),)))
+
+
+def _split_programs(placement, states, build, r, state, batch):
+    """As `_step_programs`, for a schedule that splits backwards into input and weight
+    gradients (each counted once per micro-batch; a whole backward runs both)."""
+    fns, S = states.fns, states.S
+    per, on = fns.microbatches // fns.replicas, placement.abstract_on
+    x = build(f"split_images{r}", r, 0, 1, batch["image"][r])[0]
+    labels, weights, denom = build(f"split_labels{r}", r, S - 1, 1, batch["label"][r], batch["weight"][r])
+    for s in range(S):
+        p, z = states.copy(state.params, r, s), states.copy(state.model_state, r, s)
+        acc, z_sum, sums = build(f"zeros{s}", r, s, 1, p, z)
+        acc, z_sum = on(acc, s, r), on(z_sum, s, r)
+        if s < S - 1:
+            out, vjps, _ = build(f"layers_fwd{s}", r, s, per, p, z, x, z_sum)
+            g = on(out, s, r)
+            args = (p, z, x, g) if fns.remat else (on(vjps, s, r), g)
+            found = build(f"bwd_in{s}", r, s, per, *args)
+            cts, vjps = (found[1], found[2]) if fns.remat else (found[1], vjps)
+            x = on(out, s + 1, r)
+        else:
+            _, vjps, cts, _, _ = build("last_in", r, s, per, p, z, x, labels[0], weights[0], denom, z_sum,
+                                       on(sums, s, r))
+        build(f"bwd_w{s}", r, s, per, on(vjps, s, r), on(cts, s, r), acc)
+        build(f"update{s}", r, s, 1, p, states.copy(state.opt_state, r, s), acc, z_sum)
 
 
 def _eval_programs(placement, states, build, state, batch):

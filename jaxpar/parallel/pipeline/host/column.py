@@ -46,9 +46,9 @@ def why_not(placement, schedule) -> str | None:
         return p2p.unavailable()
     if schedule.replicas != 1:
         return "a stage has copies on two processes (GEMS)"
-    owners = {placement.device(s).process_index for s in range(schedule.stages)}
-    if len(owners) != schedule.stages or schedule.stages != jax.process_count():
-        return "not one stage, on one device, per process"
+    owners = {d.process_index for d in placement.devices}
+    if len(owners) != schedule.devices or schedule.devices != jax.process_count():
+        return "not one device, and its stages, per process"
     # Every process must choose alike (connecting is a collective): one that cannot build
     # the custom calls (no compiler on its host) sends the whole job to the host walk.
     every = addresses.exchange(p2p.unavailable() or "")
@@ -97,8 +97,8 @@ class ColumnStep:
     def _copies(self, d) -> list[tuple[int, int, int]]:
         """(replica, stage, index in the state's tuples) of each stage copy device d holds."""
         sch = self.schedule
-        return [(r, sch.placement[r].index(d), r * sch.stages + sch.placement[r].index(d))
-                for r in range(sch.replicas)]
+        return [(r, s, r * sch.stages + s) for r in range(sch.replicas) for s in range(sch.stages)
+                if sch.placement[r][s] == d]
 
     def step(self, state, batch):
         """The copies held here updated by their devices' programs (all dispatched before any
@@ -144,14 +144,15 @@ class ColumnStep:
                 pick("weight", last)), batch["label"][0].shape[0]
 
     def _step(self, d, params, opts, stats, images, labels, weights, rows):
-        links, fns = self.links[d], self.fns
-        copies = {r: StageCopy(fns, r, s, params[r], stats[r], images[r], labels[r], weights[r],
-                               early=self.across) for r, s, _ in self._copies(d)}
-        run = lambda action, arrived, order: copies[action.replica].run(action, arrived, order)  # noqa: E731
+        links, fns, split = self.links[d], self.fns, self.schedule.splits_backward
+        copies = {(r, s): StageCopy(fns, r, s, params[k], stats[k], images[k], labels[k], weights[k],
+                                    early=self.across, split=split)
+                  for k, (r, s, _) in enumerate(self._copies(d))}
+        run = lambda action, arrived, order: copies[action.replica, action.stage].run(action, arrived, order)  # noqa: E731
         order = execute(self.lowered[d], self.schedule, run, links,
                         message_like(self.schedule, self.boundary_shapes, rows))
         order = self._combine(d, copies, order)
-        out = [fns.update(params[r], opts[r], c.acc, c.z) for r, c in copies.items()]
+        out = [fns.update(params[k], opts[k], c.acc, c.z) for k, c in enumerate(copies.values())]
         links.flush(after=tie(order, out))  # after the update: its wait holds a thread
         last = self.schedule.stages - 1
         held_sums = [c.sums for c in copies.values() if c.r == 0 and c.s == last]
@@ -166,6 +167,7 @@ class ColumnStep:
         if self.schedule.replicas == 1:
             return order
         other = S - 1 - d
+        copies = {r: c for (r, _), c in copies.items()}  # one copy of each replica here
         mine = {r: (c.acc, c.z) for r, c in copies.items()}
         for r in sorted(mine):
             order = _send_tree(links, mine[r], other, order)

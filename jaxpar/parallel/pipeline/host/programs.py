@@ -66,10 +66,13 @@ class ProgramTable:
         return self._stamped[name]
 
 
-def register_stage_programs(table: ProgramTable, fns: StageFunctions) -> None:
-    """Every stage's programs: eval and training forwards, backwards, the last stage's fused
-    step, accumulators, updates, and each replica's micro-batch split."""
+def register_stage_programs(table: ProgramTable, fns: StageFunctions, split: bool = False) -> None:
+    """Every stage's programs: eval and training forwards, backwards (`split`: input and
+    weight gradients apart), the last stage's fused step, accumulators, updates, and each
+    replica's micro-batch split."""
     S, donate = fns.stages, lambda *nums: {"donate_argnums": nums}  # noqa: E731 (accumulators in place)
+    if split:
+        _register_split(table, fns)
     for s in range(S - 1):
         table.register(f"fwd{s}", lambda p, z, x, s=s: fns.forward(s, p, z, x, False)[0])
         table.register(f"train_fwd{s}", lambda *a, s=s: fns.train_forward(s, *a), **donate(3))
@@ -90,3 +93,27 @@ def register_stage_programs(table: ProgramTable, fns: StageFunctions) -> None:
         table.register(f"split_labels{r}", lambda a, w, r=r: fns.split_labels(r, a, w))
     if fns.replicas > 1:
         table.register("add_sums", add)
+
+
+
+def _register_split(table: ProgramTable, fns: StageFunctions) -> None:
+    """The split backward's programs: layer-by-layer forwards (keeping each layer's vjp), the
+    input gradient (keeping each layer's cotangent; with remat recomputing the forward), the
+    weight gradient, and the last stage's forward, loss and input gradient."""
+    for s in range(fns.stages - 1):
+        table.register(f"layers_fwd{s}", lambda *a, s=s: fns.layers_forward(s, *a), donate_argnums=(3,))
+        if fns.remat:  # (input gradient, cotangents, the recomputed vjps)
+            table.register(f"bwd_in{s}", lambda p, z, x, g, s=s: _remat_input(fns, s, p, z, x, g))
+        else:
+            table.register(f"bwd_in{s}", fns.backward_input)
+    for s in range(fns.stages):
+        table.register(f"bwd_w{s}", fns.backward_weight, donate_argnums=(2,))
+    table.register("last_in", fns.last_input, donate_argnums=(6, 7))
+
+
+def _remat_input(fns: StageFunctions, s, params, stats, x, g):
+    """With remat: the stage's forward recomputed layer by layer from its input, then its input
+    gradient; the vjps go on to the weight gradient."""
+    _, vjps, _ = fns.layers_forward(s, params, stats, x, fns.zeros(s, params, stats)[1])
+    dx, cotangents = fns.backward_input(vjps, g)
+    return dx, cotangents, vjps

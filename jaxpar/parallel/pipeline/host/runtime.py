@@ -29,7 +29,7 @@ class HostRuntime:
         self.schedule, self.fns, self.placement, self.plan = schedule, fns, placement, plan
         self.states = StageStates(fns, placement, plan, fns.tx)
         self.programs = ProgramTable(trace_counts)
-        register_stage_programs(self.programs, fns)
+        register_stage_programs(self.programs, fns, split=schedule.splits_backward)
         self.boundary_shapes = boundary_shapes  # what stage b hands on, per example
         self.boundaries = [math.prod(b) for b in boundary_shapes]  # elements per example
         self.not_one_program = column.why_not(placement, schedule)

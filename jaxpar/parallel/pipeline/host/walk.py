@@ -15,7 +15,8 @@ import functools
 
 import jax
 
-from jaxpar.parallel.pipeline.schedules import FORWARD, Action, rows
+from jaxpar.parallel.pipeline.schedules import BACKWARD, FORWARD, Action, rows
+from jaxpar.parallel.pipeline.schedules.actions import WEIGHT
 from jaxpar.parallel.transport import processes
 
 
@@ -53,6 +54,7 @@ class Walk:
                 self.sums[r] = sums
         self.inbox: dict[tuple, jax.Array] = {}  # ("act" | "grad", r, m, s) -> arrived there
         self.kept: dict[tuple, object] = {}      # (r, m, s) -> the vjp (or input, with remat)
+        self.for_weights: dict[tuple, tuple] = {}  # (r, m, s) -> (vjps, cotangents) awaiting W
         # Across processes off the CPU a send is a collective program both processes queue at
         # the same point of the walk; sent as each slot ends, the receiving process's own slot
         # of the row would queue behind it and wait for the sender's work, so the stages took
@@ -86,6 +88,8 @@ class Walk:
 
     def run(self, action: Action):
         """A forward or backward of micro-batch m of replica r through stage s."""
+        if self.schedule.splits_backward:
+            return self._run_split(action)
         S, fns = self.schedule.stages, self.fns
         kind, m, s, r = action
         i = m - r * self.schedule.per_replica()  # the micro-batch's index within its replica
@@ -109,6 +113,45 @@ class Walk:
         g, kept = self.inbox.pop(("grad", r, m, s)), self.kept.pop((r, m, s))
         args = (params, stats, kept, g) if fns.remat else (kept, g)
         self.acc[r, s], dx = self.prog(f"bwd{s}", s, r)(*args, self.acc[r, s])
+        if s > 0:
+            self._send("grad", dx, r, m, s - 1)
+
+    def _run_split(self, action: Action):
+        """A schedule that splits backwards: forwards keep each layer's vjp, an input gradient
+        (I) each layer's cotangent, and the weight gradient (W) uses both; a whole backward (B)
+        is both at once. The last stage computes its input gradient in its forward's slot."""
+        S, fns = self.schedule.stages, self.fns
+        kind, m, s, r = action
+        i, key = m - r * self.schedule.per_replica(), (r, m, s)
+        self.doing = ("F+I" if kind == FORWARD and s == S - 1 else kind, m)
+        params, stats = self.states.copy(self.state.params, r, s), self.states.copy(self.state.model_state, r, s)
+        if kind == FORWARD and s < S - 1:
+            x = self.images[r][i] if s == 0 else self.inbox.pop(("act", r, m, s))
+            out, vjps, self.z_sum[r, s] = self.prog(f"layers_fwd{s}", s, r)(params, stats, x, self.z_sum[r, s])
+            self.kept[key] = x if fns.remat else vjps
+            self._send("act", out, r, m, s + 1)
+        elif kind == FORWARD:
+            x = self.inbox.pop(("act", r, m, s)) if S > 1 else self.images[r][i]
+            dx, vjps, cts, self.z_sum[r, s], self.sums[r] = self.prog("last_in", s, r)(
+                params, stats, x, self.labels[r][i], self.weights[r][i], self.denom[r], self.z_sum[r, s], self.sums[r])
+            self.for_weights[key] = (vjps, cts)
+            if S > 1:
+                self._send("grad", dx, r, m, s - 1)
+        elif kind == WEIGHT:
+            self.acc[r, s] = self.prog(f"bwd_w{s}", s, r)(*self.for_weights.pop(key), self.acc[r, s])
+        else:  # I, or B: I then W
+            if s < S - 1:
+                self._input_gradient(params, stats, key, s, r, m)
+            if kind == BACKWARD:
+                self._run_split(action._replace(kind=WEIGHT))
+
+    def _input_gradient(self, params, stats, key, s, r, m):
+        g, kept = self.inbox.pop(("grad", r, m, s)), self.kept.pop(key)
+        if self.fns.remat:
+            dx, cts, vjps = self.prog(f"bwd_in{s}", s, r)(params, stats, kept, g)
+        else:
+            (dx, cts), vjps = self.prog(f"bwd_in{s}", s, r)(kept, g), kept
+        self.for_weights[key] = (vjps, cts)
         if s > 0:
             self._send("grad", dx, r, m, s - 1)
 

@@ -10,19 +10,29 @@ that cannot deadlock (`messages`). Every pipeline runtime executes any schedule 
 
 from jaxpar.parallel.pipeline.schedules.actions import (BACKWARD, FORWARD, Action, Schedule,
                                                          ScheduleError, consumer, needs)
-from jaxpar.parallel.pipeline.schedules.generators import GENERATORS, SCHEDULES
+from jaxpar.parallel.pipeline.schedules.generators import FIXED_VIRTUAL, GENERATORS, SCHEDULES, VIRTUAL
 from jaxpar.parallel.pipeline.schedules.messages import Message, Recv, Send, lower, message
 from jaxpar.parallel.pipeline.schedules.timing import (bubble_fraction, bubble_theory, check,
                                                         gems_bubble_theory, op, peak_in_flight,
-                                                        rows, simulate, table)
+                                                        rows, simulate, table, timed_bubble)
 
 
-def build(name: str, devices: int, microbatches: int) -> Schedule:
-    """Schedule `name` for `devices` devices and `microbatches` micro-batches, validated."""
-    return check(GENERATORS[name](devices, microbatches))
+def virtual_stages(name: str, given: int = 0) -> int:
+    """Stages per device of schedule `name`: `given` (--virtual-stages), or 0 for its own."""
+    own = VIRTUAL.get(name, 1)
+    if given and given != own and name in FIXED_VIRTUAL:
+        raise ScheduleError(f"--schedule {name} holds {own} stage(s) per device; drop --virtual-stages "
+                            f"{given} (interleaved-1f1b, looped-bfs and zb-h1 take any)")
+    return given or own
 
 
-__all__ = ["BACKWARD", "FORWARD", "GENERATORS", "SCHEDULES", "Action", "Message", "Recv", "Schedule",
+def build(name: str, devices: int, microbatches: int, virtual: int = 0) -> Schedule:
+    """Schedule `name` for `devices` devices and `microbatches` micro-batches (and `virtual`
+    stages per device; 0: the schedule's own), validated."""
+    return check(GENERATORS[name](devices, microbatches, virtual_stages(name, virtual)))
+
+
+__all__ = ["BACKWARD", "FORWARD", "GENERATORS", "SCHEDULES", "VIRTUAL", "virtual_stages", "Action", "Message", "Recv", "Schedule",
            "ScheduleError", "Send", "build", "bubble_fraction", "bubble_theory", "check", "consumer",
            "gems_bubble_theory", "lower", "message", "needs", "op", "peak_in_flight", "rows",
-           "simulate", "table"]
+           "simulate", "table", "timed_bubble"]

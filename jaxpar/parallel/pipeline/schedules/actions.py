@@ -2,29 +2,33 @@
 
     Action("F", microbatch=3, stage=1)          # forward of micro-batch 3 through stage 1
     Action("B", microbatch=3, stage=1)          # its backward (input and weight gradients)
+    Action("I", 3, 1), Action("W", 3, 1)        # or its backward in two: input, then weights
     schedule.lists[d]                            # device d's actions, in the order it runs them
     schedule.device_of(stage, replica)           # where a stage (of a replica copy) lives
 
 A stage is a consecutive run of the model's layers (`partition`); `placement[r][s]` is the
 device holding stage s of replica copy r (GEMS keeps two copies of the model on the same
-devices, the second in reverse order). Micro-batch m belongs to replica `m // (M / R)`.
+devices, the second in reverse order; interleaved schedules put several stages, "virtual
+stages", on each device). Micro-batch m belongs to replica `m // (M / R)`.
 Nothing here runs anything: a runtime executes the lists (`runtime/`), `timing` replays them
 slot by slot (the table view, the bubble, the peak of micro-batches in flight) and refuses a
 list that waits forever, `messages` lowers them to sends and receives.
 
-The kinds leave room for the backward split in two (zero-bubble schedules): "I" the input
-gradient, on the critical path, and "W" the weight gradient, deferrable.
+The backward of a (micro-batch, stage) is one action "B", or two (zero-bubble schedules): "I"
+the input gradient, on the critical path (what the previous stage waits for), and "W" the
+weight gradient, which needs only its "I" and can fill a bubble later.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import NamedTuple
 
 from jaxpar.errors import ConfigError
 
-FORWARD, BACKWARD = "F", "B"
-KINDS = (FORWARD, BACKWARD)
+FORWARD, BACKWARD, INPUT, WEIGHT = "F", "B", "I", "W"
+KINDS = (FORWARD, BACKWARD, INPUT, WEIGHT)
 
 
 class ScheduleError(ConfigError):
@@ -33,7 +37,7 @@ class ScheduleError(ConfigError):
 
 
 class Action(NamedTuple):
-    kind: str          # "F" | "B"
+    kind: str          # "F" | "B" | "I" | "W"
     microbatch: int
     stage: int
     replica: int = 0
@@ -76,6 +80,23 @@ class Schedule:
     def replica_of(self, microbatch: int) -> int:
         return microbatch // self.per_replica()
 
+    @functools.cached_property
+    def _split(self) -> frozenset:
+        """(micro-batch, stage, replica) whose backward is split into I and W."""
+        return frozenset((a.microbatch, a.stage, a.replica) for lst in self.lists for a in lst if a.kind == INPUT)
+
+    def backward_kind(self, microbatch: int, stage: int, replica: int = 0) -> str:
+        """"I" where this (micro-batch, stage)'s backward is split, else "B"."""
+        return INPUT if (microbatch, stage, replica) in self._split else BACKWARD
+
+    @property
+    def splits_backward(self) -> bool:
+        return bool(self._split)
+
+    @property
+    def stages_per_device(self) -> int:
+        return self.stages * self.replicas // self.devices
+
     def is_fill_drain(self) -> bool:
         """Every device runs all its forwards, then all its backwards, in micro-batch order
         (GPipe): the order `jax.grad` of a forward loop runs them in."""
@@ -85,19 +106,29 @@ class Schedule:
             for lst in self.lists)
 
 
-def consumer(action: Action, stages: int) -> Action | None:
-    """The action that takes what `action` produces: a forward's output goes to the next
-    stage's forward; a backward's input gradient to the previous stage's backward."""
-    if action.kind == FORWARD:
-        return action._replace(stage=action.stage + 1) if action.stage < stages - 1 else None
-    return action._replace(stage=action.stage - 1) if action.stage > 0 else None
+def consumer(action: Action, schedule: Schedule) -> Action | None:
+    """The action that takes what `action` hands on: a forward's output goes to the next
+    stage's forward; a backward's (or input gradient's) to the previous stage's backward (or
+    input gradient); a weight gradient hands on nothing."""
+    a, last = action, schedule.stages - 1
+    if a.kind == FORWARD:
+        return a._replace(stage=a.stage + 1) if a.stage < last else None
+    if a.kind == WEIGHT or a.stage == 0:
+        return None
+    return Action(schedule.backward_kind(a.microbatch, a.stage - 1, a.replica), a.microbatch, a.stage - 1, a.replica)
 
 
-def needs(action: Action, stages: int) -> list[Action]:
-    """The actions whose results `action` takes: the previous stage's forward; a backward
-    also its own forward (what it differentiates) and the next stage's backward."""
-    a = action
+def needs(action: Action, schedule: Schedule) -> list[Action]:
+    """The actions whose results `action` takes: the previous stage's forward; a backward (or
+    input gradient) also its own forward and the next stage's backward (or input gradient);
+    a weight gradient its own input gradient (whose work it reuses)."""
+    a, last = action, schedule.stages - 1
     if a.kind == FORWARD:
         return [a._replace(stage=a.stage - 1)] if a.stage > 0 else []
+    if a.kind == WEIGHT:
+        return [a._replace(kind=INPUT)]
     out = [a._replace(kind=FORWARD)]
-    return out + ([a._replace(stage=a.stage + 1)] if a.stage < stages - 1 else [])
+    if a.stage < last:
+        out.append(Action(schedule.backward_kind(a.microbatch, a.stage + 1, a.replica), a.microbatch,
+                          a.stage + 1, a.replica))
+    return out

@@ -10,13 +10,16 @@
   first) or a forward of the replica with fewer micro-batches in flight there (1F1B's limit
   per replica), so one replica's work fills the other's bubble.
 
-A new schedule is one function here returning a `Schedule` and its line in GENERATORS;
-`timing.check` then proves it runs (docs/strategies.md, adding a schedule).
+The schedules with several stages per device (`interleaved`: looped-bfs, interleaved-1f1b,
+zb-h1; `vshape`: zbv, dualpipev) are PyTorch's orders. A new schedule is one function
+returning a `Schedule` and its line in GENERATORS; `timing.check` then proves it runs
+(docs/strategies.md, adding a schedule).
 """
 
 from __future__ import annotations
 
-from jaxpar.parallel.pipeline.schedules.actions import BACKWARD, FORWARD, Action, Schedule
+from jaxpar.parallel.pipeline.schedules import interleaved, vshape
+from jaxpar.parallel.pipeline.schedules.actions import BACKWARD, FORWARD, Action, Schedule, ScheduleError
 
 
 def straight(stages: int) -> tuple[tuple[int, ...], ...]:
@@ -24,13 +27,13 @@ def straight(stages: int) -> tuple[tuple[int, ...], ...]:
     return (tuple(range(stages)),)
 
 
-def fill_drain(stages: int, microbatches: int) -> Schedule:
+def fill_drain(stages: int, microbatches: int, virtual: int = 1) -> Schedule:
     lists = tuple(tuple([Action(FORWARD, m, s) for m in range(microbatches)]
                         + [Action(BACKWARD, m, s) for m in range(microbatches)]) for s in range(stages))
     return Schedule("gpipe", microbatches, straight(stages), lists)
 
 
-def one_f_one_b(stages: int, microbatches: int) -> Schedule:
+def one_f_one_b(stages: int, microbatches: int, virtual: int = 1) -> Schedule:
     M, lists = microbatches, []
     for s in range(stages):
         warm = min(stages - s, M)
@@ -47,8 +50,11 @@ def mirrored(stages: int) -> tuple[tuple[int, ...], ...]:
     return (tuple(range(stages)), tuple(reversed(range(stages))))
 
 
-def bidirectional(stages: int, microbatches: int) -> Schedule:
+def bidirectional(stages: int, microbatches: int, virtual: int = 1) -> Schedule:
     """Simulated slot by slot (each action one slot), each device taking its work greedily."""
+    if microbatches % 2 or stages % 2:
+        raise ScheduleError(f"--schedule gems needs an even number of stages and of micro-batches (half "
+                            f"down each replica); got --mesh stage={stages}, --microbatches {microbatches}")
     S, half = stages, microbatches // 2
     place = mirrored(S)
     micro = {0: list(range(half)), 1: list(range(half, microbatches))}
@@ -94,7 +100,11 @@ def _gems_pick(d, t, S, half, micro, done, next_f, next_b, place) -> Action | No
     return None
 
 
-# Every schedule by name; the `pipeline` strategy's --schedule choices are SCHEDULES (gems is
-# its own strategy).
-GENERATORS = {"gpipe": fill_drain, "1f1b": one_f_one_b, "gems": bidirectional}
-SCHEDULES = ("gpipe", "1f1b")
+# Every schedule by name: its generator and its stages per device when --virtual-stages is
+# not given; the `pipeline` strategy's --schedule choices are SCHEDULES (gems is a strategy).
+GENERATORS = {"gpipe": fill_drain, "1f1b": one_f_one_b, "gems": bidirectional,
+              "interleaved-1f1b": interleaved.interleaved_1f1b, "looped-bfs": interleaved.looped_bfs,
+              "zb-h1": interleaved.zb_h1, "zbv": vshape.zbv, "dualpipev": vshape.dualpipev}
+VIRTUAL = {"interleaved-1f1b": 2, "looped-bfs": 2, "zbv": 2, "dualpipev": 2}  # others: 1
+FIXED_VIRTUAL = ("gpipe", "1f1b", "gems", "zbv", "dualpipev")  # their stages per device are theirs
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zbv", "dualpipev")

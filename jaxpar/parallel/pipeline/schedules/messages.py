@@ -61,12 +61,19 @@ Op = Union[Action, Send, Recv]
 def message(action: Action, schedule: Schedule) -> Message | None:
     """What `action` hands to another device's action, or None (nothing, or a stage on the
     same device)."""
-    taker = consumer(action, schedule.stages)
+    taker = consumer(action, schedule)
     if taker is None:
         return None
     if schedule.device_of(taker.stage, taker.replica) == schedule.device_of(action.stage, action.replica):
         return None
-    return Message(action.kind, action.microbatch, action.replica, action.stage, taker.stage)
+    kind = FORWARD if action.kind == FORWARD else BACKWARD  # an activation, or a gradient
+    return Message(kind, action.microbatch, action.replica, action.stage, taker.stage)
+
+
+def taker(msg: Message, schedule: Schedule) -> Action:
+    """The action that takes `msg` on its receiving device."""
+    kind = FORWARD if msg.kind == FORWARD else schedule.backward_kind(msg.microbatch, msg.receiver, msg.replica)
+    return Action(kind, msg.microbatch, msg.receiver, msg.replica)
 
 
 def lower(schedule: Schedule, buffered: bool = False, sends_first: bool = False,
@@ -75,6 +82,7 @@ def lower(schedule: Schedule, buffered: bool = False, sends_first: bool = False,
     if (sends_first or early_last_gradients) and not buffered:
         raise ValueError("sends_first and early_last_gradients need sends that never wait (buffered)")
     last = schedule.stages - 1
+    early_last_gradients = early_last_gradients and _early_gradients_keep_order(schedule)
     table = rows(schedule)
     sent_at: dict[Message, int] = {}
     taken_at: dict[Message, int] = {}
@@ -85,7 +93,7 @@ def lower(schedule: Schedule, buffered: bool = False, sends_first: bool = False,
                 taken_at[msg] = t
                 sent_at.setdefault(msg, t)
             if a and early_last_gradients and a.kind == FORWARD and a.stage == last:
-                early = message(a._replace(kind=BACKWARD), schedule)
+                early = message(a._replace(kind=schedule.backward_kind(a.microbatch, last, a.replica)), schedule)
                 if early:
                     sent_at[early] = t
     out: list[list[Op]] = [[] for _ in range(schedule.devices)]
@@ -103,6 +111,19 @@ def lower(schedule: Schedule, buffered: bool = False, sends_first: bool = False,
                 mine.sort(key=lambda x: -x[1])  # stable: sends, then receives, each in order
             out[d] += [op for *_, op in mine]
     return tuple(tuple(ops) for ops in out)
+
+
+def _early_gradients_keep_order(schedule: Schedule) -> bool:
+    """Whether the last stage's gradients can leave from its forward slots and still reach
+    the previous stage in the order it takes them: one stage per device (no other messages
+    share that pair of devices in between) and backwards in the forwards' order (not looped
+    BFS's, the last micro-batch first)."""
+    last = schedule.stages - 1
+    if schedule.replicas > 1 or schedule.stages_per_device > 1:
+        return False
+    order = lambda kinds: [(a.microbatch, a.replica) for lst in schedule.lists for a in lst  # noqa: E731
+                           if a.stage == last and a.kind in kinds]
+    return order((FORWARD,)) == order((BACKWARD, "I"))
 
 
 def _device(msg: Message, end: str, schedule: Schedule) -> int:

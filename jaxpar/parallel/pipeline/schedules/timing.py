@@ -19,16 +19,22 @@ from __future__ import annotations
 
 from typing import Callable
 
-from jaxpar.parallel.pipeline.schedules.actions import (BACKWARD, FORWARD, Action, Schedule,
-                                                         ScheduleError, needs)
+from jaxpar.parallel.pipeline.schedules.actions import (BACKWARD, FORWARD, INPUT, WEIGHT, Action,
+                                                         Schedule, ScheduleError, needs)
 
 Slot = tuple | None  # the table's entry: ("F" | "B", micro-batch) (+ replica, with replicas)
 
 
 def expected(schedule: Schedule) -> set[Action]:
-    S, M = schedule.stages, schedule.microbatches
-    return {Action(kind, m, s, schedule.replica_of(m)) for kind in (FORWARD, BACKWARD)
-            for m in range(M) for s in range(S)}
+    """A forward of every (micro-batch, stage) and its backward, whole or in two."""
+    out = set()
+    for m in range(schedule.microbatches):
+        r = schedule.replica_of(m)
+        for s in range(schedule.stages):
+            kind = schedule.backward_kind(m, s, r)
+            out |= {Action(FORWARD, m, s, r)} | ({Action(BACKWARD, m, s, r)} if kind == BACKWARD else
+                                                   {Action(INPUT, m, s, r), Action(WEIGHT, m, s, r)})
+    return out
 
 
 def check(schedule: Schedule) -> Schedule:
@@ -54,7 +60,6 @@ def simulate(schedule: Schedule, duration: Callable[[Action], float] = lambda a:
              ) -> dict[Action, tuple[float, float]]:
     """(start, end) of every action, each device running its list in order (ScheduleError
     when some device's next action waits on one that never ends: a deadlock)."""
-    S = schedule.stages
     times: dict[Action, tuple[float, float]] = {}
     position = [0] * schedule.devices
     free = [0.0] * schedule.devices
@@ -64,7 +69,7 @@ def simulate(schedule: Schedule, duration: Callable[[Action], float] = lambda a:
         for d, lst in enumerate(schedule.lists):
             while position[d] < len(lst):
                 a = lst[position[d]]
-                before = needs(a, S)
+                before = needs(a, schedule)
                 if any(b not in times for b in before):
                     break
                 start = max([free[d]] + [times[b][1] for b in before])
@@ -91,10 +96,13 @@ def rows(schedule: Schedule) -> list[list[Action | None]]:
 
 
 def table(schedule: Schedule) -> list[list[Slot]]:
-    """`rows` as plain tuples: (kind, micro-batch), with a replica index when there are two."""
+    """`rows` as plain tuples: (kind, micro-batch), with a replica index when there are two
+    copies, and the stage when a device holds several stages of one copy."""
     def slot(a):
         if a is None:
             return None
+        if schedule.replicas == 1 and schedule.stages_per_device > 1:
+            return (a.kind, a.microbatch, a.replica, a.stage)
         return (a.kind, a.microbatch, a.replica) if schedule.replicas > 1 else (a.kind, a.microbatch)
     return [[slot(a) for a in row] for row in rows(schedule)]
 
@@ -112,16 +120,36 @@ def bubble_fraction(table_rows: list[list]) -> float:
 
 
 def peak_in_flight(table_rows: list[list]) -> list[int]:
-    """Per device, the most micro-batches whose forward ran there and backward has not: the
-    activations it must keep."""
+    """Per device, the most (micro-batch, stage) forwards that ran there whose backward has
+    not finished (a split backward finishes with its weight gradient): the activations it
+    must keep."""
     S = len(table_rows[0])
     peaks, live = [0] * S, [0] * S
+    change = {FORWARD: 1, BACKWARD: -1, INPUT: 0, WEIGHT: -1}
     for row in table_rows:
         for d, slot in enumerate(row):
             if slot:
-                live[d] += 1 if slot[0] == FORWARD else -1
+                live[d] += change[slot[0]]
                 peaks[d] = max(peaks[d], live[d])
     return peaks
+
+
+# Each kind's time in units of a forward's, as the zero-bubble paper takes them (a backward
+# twice a forward, split into input and weight gradients of one forward each): the weights
+# `timed_bubble` uses when no measured times are given.
+UNIT_TIMES = {FORWARD: 1.0, BACKWARD: 2.0, INPUT: 1.0, WEIGHT: 1.0}
+
+
+def timed_bubble(schedule: Schedule, seconds: dict | None = None) -> float:
+    """The share of devices x the step's span that devices idle when each action takes
+    `seconds[kind]` (or `seconds[kind, stage]`; default UNIT_TIMES): the schedule's bubble
+    from its own lists, for measured forward, backward, input- and weight-gradient times."""
+    seconds = seconds or UNIT_TIMES
+    took = lambda a: seconds.get((a.kind, a.stage), seconds.get(a.kind))  # noqa: E731
+    times = simulate(schedule, took)
+    span = max(e for _, e in times.values()) - min(s for s, _ in times.values())
+    busy = sum(e - s for s, e in times.values())
+    return 1.0 - busy / (schedule.devices * span)
 
 
 def bubble_theory(stages: int, microbatches: int) -> float:
