@@ -91,7 +91,7 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
 def _strategy(config: TrainConfig, timeline: bool):
     """The strategy to time; ConfigError before any work when a timeline cannot be stamped."""
     strategy = make_strategy(config)
-    if timeline and getattr(strategy, "implementation", None) != "mpmd":
+    if timeline and not (getattr(strategy, "implementation", None) == "mpmd" and hasattr(strategy, "timeline")):
         raise ConfigError(f"--timeline needs stages run as separate programs: --strategy layer-split, "
                           f"or pipeline / gems with --pipeline-impl mpmd (not {strategy.name} "
                           f"as {getattr(strategy, 'implementation', 'one program')})")

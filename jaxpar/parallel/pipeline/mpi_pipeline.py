@@ -80,6 +80,7 @@ class MpiPipeline(mpi_common.OnePerRank):
     default_axes = {STAGE: 1}  # one device per rank; the ranks are the stages
     carries_batch_norm = False  # its ranks hold no statistics of each other's stages
     options = ("microbatches", "schedule", "virtual_stages", "remat", "stage_boundaries")
+    implementation = "mpmd"  # a program per rank (results' env.ran.pipeline)
 
     @classmethod
     def check(cls, config, axes):
