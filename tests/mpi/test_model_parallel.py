@@ -31,6 +31,13 @@ CASES += [(strategy, {"schedule": name, **extra}) for strategy in ("pipeline", "
 @pytest.mark.parametrize("strategy,options", CASES, ids=lambda c: c if isinstance(c, str) else
                          "-".join(f"{k}={v}" for k, v in c.items()))
 def test_equivalent_to_single(comm, stack_reference, stack_config, strategy, options):
+    name = options.get("schedule", "gpipe")
+    wider = comm.Get_size() > 2 or jax.local_device_count() > 1
+    if wider and strategy == "pipeline" and name not in ("gpipe", "1f1b", "zb-h1", "dualpipev"):
+        # the suite's time: on 4 ranks, and 2 ranks of 2 devices, the other schedules run
+        # through mpi-pipeline (every one) and pipeline (a split backward, a V placement);
+        # on 2 ranks every schedule runs through both
+        pytest.skip(f"{name} over jax.distributed runs on 2 ranks of one device")
     got = eq.run(stack_config(strategy=strategy, **options), steps=5)
     eq.assert_equivalent(stack_reference, got)
     assert set(got.strategy.trace_counts.values()) == {1}  # every program traced once
