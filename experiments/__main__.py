@@ -1,5 +1,5 @@
 """`python -m experiments <command>`: parse, dispatch. Intentionally short; the work lives in
-importable functions (`experiments.run.execute`, each study's `run(config)`, ...).
+importable functions (`experiments.points.run.execute`, each study's `run(config)`, ...).
 
     python -m experiments train --model cnn --epochs 3 --out results/run1
     python -m experiments bench --model mlp --batch-size 128
@@ -16,14 +16,26 @@ import time
 import jax
 from rich.console import Console
 
-from experiments import (batch_size, bounds, cluster, demo, figures, hparam, machine, network,
-                         peers, pipeline_study, predict, profile_cmd, scaling, strategies,
-                         time_to_accuracy)
-from experiments import report as docs_report  # not `report`: jaxpar.bench's printout
+from experiments import demo
+from experiments.studies import batch_size
+from experiments.studies import bounds
+from experiments.infra import cluster
+from experiments.publish import figures
+from experiments.studies.hparam import study as hparam
+from experiments.studies.machine import study as machine
+from experiments.studies.network import study as network
+from experiments.peers import study as peers
+from experiments.studies.pipeline import study as pipeline_study
+from experiments.cost import predict
+from experiments.cost import profile as profile_cmd
+from experiments.studies.scaling import study as scaling
+from experiments.studies.strategies import study as strategies
+from experiments.studies.time_to_accuracy import study as time_to_accuracy
+from experiments.publish import report as docs_report  # not `report`: jaxpar.bench's printout
 from experiments.cli import (BENCH, build_parser, cluster_arguments, config_from_args,
                              options_from_args)
 from experiments.options import BenchOptions
-from experiments.run import execute
+from experiments.points.run import execute
 from jaxpar import data, results
 from jaxpar.runtime import distributed
 from jaxpar.checkpoint import Interrupted

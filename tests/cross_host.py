@@ -1,11 +1,11 @@
-"""Which of tests/mpi cross the emulated hosts (tests/test_cluster.py), and whether they can here.
+"""Which of tests/mpi cross the emulated hosts (tests/experiments/infra/test_cluster.py), and whether they can here.
 
 Where they can (root, network namespaces), the one-host launch of tests/mpi
 (tests/test_mpi_launch.py) leaves these to the two-host one, so that CI runs each once."""
 
 import subprocess
 
-from experiments import cluster
+from experiments.infra import cluster
 
 CROSS_HOST = ["tests/mpi/test_jax_distributed.py::test_world_size_is_what_was_launched",
               "tests/mpi/test_jax_distributed.py::test_ranks_are_on_the_hosts_launched",

@@ -22,7 +22,7 @@ import pytest
 
 from conftest import TEST_XLA_FLAGS
 from cross_host import CROSS_HOST, WHY_NO_HOSTS
-from experiments.points import mpiexec
+from experiments.points.points import mpiexec
 from jaxpar.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +55,7 @@ def test_missing_mpi4jax_says_how_to_install(monkeypatch):
 
 
 def test_a_launch_of_a_one_process_strategy_is_refused_naming_those_that_can(monkeypatch):
-    from experiments.run import distributed_mode
+    from experiments.points.run import distributed_mode
     from jaxpar.config import TrainConfig, with_options
     from jaxpar.parallel import STRATEGIES
 
@@ -139,7 +139,7 @@ def test_a_bad_option_is_reported_once_per_job(tmp_path, strategy):
 def test_the_mpi_suite_on_two_ranks():
     """tests/mpi on 2 ranks of one device each, the world the suite's multi-process tests are
     written for (launched from here, so that it runs beside the other pytest worker's files).
-    Where emulated hosts can be made, the tests that tests/test_cluster.py runs across them
+    Where emulated hosts can be made, the tests that tests/experiments/infra/test_cluster.py runs across them
     are left to it (`cross_host`): each runs once."""
     elsewhere = [] if WHY_NO_HOSTS is not None else [a for t in CROSS_HOST for a in ("--deselect", t)]
     proc = subprocess.run(

@@ -1,7 +1,7 @@
 """Trained models for the demo's classify panel: loaded from a result folder or a checkpoint,
 then asked for class probabilities (test images, a confusion matrix, a drawing's top 3).
 
-    python -m pytest -q tests/test_demo_classify.py
+    python -m pytest -q tests/experiments/demo/test_demo_classify.py
 
 A checkpoint holds the state in the single-device layout (`jaxpar.checkpoint`), whatever
 strategy and mesh trained it, so one forward pass (`jaxpar.step.forward`, the one every

@@ -1,7 +1,7 @@
 """The models the demo has loaded, the dataset's test split and each model's predictions on
 it: the state behind the classify panel (one presenter, so one state for every browser tab).
 
-    python -m pytest -q tests/test_demo_classify.py
+    python -m pytest -q tests/experiments/demo/test_demo_classify.py
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 tests read it without a browser): a drawing's top 3 per model, test images with each model's
 prediction and confidence, confusion matrices.
 
-    python -m pytest -q tests/test_demo_classify.py
+    python -m pytest -q tests/experiments/demo/test_demo_classify.py
 """
 
 from __future__ import annotations

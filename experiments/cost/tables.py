@@ -1,0 +1,68 @@
+"""The cost model's tables (`python -m experiments report`): its error on every committed
+point, per study, and the hardware it assumes; from `experiments.cost.check`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments.cost import check as cost_check
+from experiments.publish.markdown import DASH, markdown
+from jaxpar import cost
+
+
+def _pct(x: float | None) -> str:
+    return DASH if x is None else f"{100 * x:.0f}%"
+
+
+def summary(data_dir: Path) -> str:
+    """Median and largest |error| of the predicted step, per study and over all."""
+    return markdown(["study", "points", "predicted (anchors)", "median abs. error", "largest abs. error",
+                     "beyond 25%", "profile alone: median abs. error", "study's speed / profile's",
+                     "state/device within 1%"],
+                    [[s["study"], s["points"], f"{s['covered']} ({s['anchors']})", _pct(s["median"]),
+                      _pct(s["max"]), s["beyond_25"], _pct(s["median_profile"]),
+                      DASH if s["scale"] is None else f"{s['scale']:.2f}",
+                      f"{s['state_equal']} of {s['state_checked']}"]
+                     for s in cost_check.summary(cost_check.check_rows(data_dir))])
+
+
+def points(data_dir: Path) -> str:
+    """Every committed point: measured and predicted ms/step, the prediction's parts, the
+    error, predicted and measured state bytes per device; or why it is not covered."""
+    out = []
+    for r in cost_check.check_rows(data_dir):
+        where = f"{r['devices']} {'ranks' if r['ranks'] else 'dev'}"
+        if "error" not in r:
+            out.append([r["point"], r["model"], r["strategy"], where, f"{r['measured_ms']:.1f}",
+                        "not covered: " + r["why"], "", "", "", "", ""])
+            continue
+        state = (f"{r['state_predicted'] / 1e6:.2f} / {r['state_measured'] / 1e6:.2f}"
+                 if r.get("state_measured") else DASH)
+        out.append([r["point"], r["model"], r["strategy"], where, f"{r['measured_ms']:.1f}",
+                    f"{r['predicted_ms']:.1f}",
+                    f"{r['compute_ms']:.1f} + {r['comm_ms']:.1f} + {r['bubble_ms']:.1f}",
+                    f"{r['anchored_ms']:.1f}", "anchor" if r["anchor"] else f"{100 * r['error']:+.0f}%",
+                    f"{100 * r['error_profile']:+.0f}%", state])
+    return markdown(["point", "model", "strategy", "devices", "measured ms", "predicted ms (profile)",
+                     "compute + comm + bubble ms", "anchored ms", "error (anchored)", "error (profile alone)",
+                     "state MB/device predicted / measured"], out)
+
+
+def assumptions(_: Path) -> str:
+    """The assumed hardware the extrapolation uses (jaxpar.cost.DEVICES and LINKS), with sources."""
+    rows = [[f"device `{d.name}`", f"{d.peak_gflops / 1e3:g} TFLOP/s f32, {d.memory_bytes / 1e9:g} GB at "
+             f"{d.memory_bytes_per_s / 1e12:g} TB/s, {1e6 * d.layer_overhead_s:g} us per layer and step",
+             d.source] for d in cost.DEVICES.values()]
+    rows += [[f"link `{k.name}`", f"{k.bytes_per_s / 1e9:g} GB/s, {1e6 * k.latency_s:g} us per message", k.source]
+             for k in cost.LINKS.values()]
+    return markdown(["assumed", "value", "source"], rows)
+
+
+def h100(data_dir: Path) -> str:
+    """The assumed H100 against an H100 profile measured on a lent node (`single`'s step)."""
+    return markdown(["model", "batch", "measured on the H100 (profile) ms", "machine command's one-device ms",
+                     "assumed H100 predicted ms", "assumed / measured"],
+                    [[r["model"], r["batch"], f"{r['measured_ms']:.3f}",
+                      DASH if r["machine_ms"] is None else f"{r['machine_ms']:.3f}",
+                      f"{r['assumed_ms']:.3f}", f"{r['ratio']:.2f}"]
+                     for r in cost_check.assumed_h100_rows(data_dir)])

@@ -1,0 +1,126 @@
+"""Bounds study: each model-parallel strategy's step against `single`'s, measured in one run.
+
+DESIGN's invariant 7: a strategy far from its bound is a defect, not a finding. On simulated
+CPU devices that share the machine's cores, a strategy's bound is `single`'s step (the
+devices add no cores), plus what its schedule idles and what it moves; the limits below are
+the ones the project holds its model-parallel strategies to (issue #23): on 2 devices
+`pipeline` (GPipe and 1F1B, M=8) within 1.3x `single`'s step, `gems` and `tensor` within
+1.5x; on 4 devices each within 2x. One `bench` process per point, one after another,
+`single` first at each device count, so every ratio compares points of the same hour; all of
+that --rounds times over (round-robin), each point's step the median of its rounds: on this
+VM two fresh processes of one configuration differ by up to ~30% (the same GEMS point: 36.8
+and 54.4 ms in two runs), far more than the steps within one process do.
+
+    python -m experiments bounds --out figures/data/bounds          # the CNN, 2 and 4 devices
+    python -m experiments bounds --quick --out /tmp/bounds          # tiny stack-mlp, 2 devices
+
+Writes OUT/points/<devices>/<label>/r<k>/result.json and OUT/bounds.json (rows: devices,
+strategy, schedule, ms/step (median over rounds) and each round's, ratio to single, limit,
+met, bubble, implementation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments import options
+from experiments.points import points
+from experiments.options import BenchOptions, option
+from experiments.points.points import Point
+from experiments.studies.study import Study, at_least
+from jaxpar import results
+from jaxpar.config import TrainConfig, with_options
+from jaxpar.mesh import STAGE, TENSOR, format_mesh
+from jaxpar.models import takes
+
+# (label, strategy, schedule or None, {devices: the step's limit as a multiple of single's})
+CASES = (("pipeline gpipe", "pipeline", "gpipe", {2: 1.3, 4: 2.0}),
+         ("pipeline 1f1b", "pipeline", "1f1b", {2: 1.3, 4: 2.0}),
+         ("gems", "gems", None, {2: 1.5, 4: 2.0}),
+         ("tensor", "tensor", None, {2: 1.5, 4: 2.0}))
+AXIS = {"pipeline": STAGE, "gems": STAGE, "tensor": TENSOR}
+
+
+@dataclass(frozen=True)
+class BoundsConfig:
+    out: str = options.out("bounds")
+    model: str = options.train_option("model", "cnn")
+    width: int | None = options.train_option("width", None)
+    depth: int | None = options.train_option("depth", None)
+    device_counts: tuple[int, ...] = option((2, 4), "simulated device counts (each with its own single)")
+    batch_size: int = options.train_option("batch_size")
+    microbatches: int = options.train_option("microbatches", 8)
+    iters: int = options.iters()
+    warmup: int = options.warmup()
+    rounds: int = option(3, "round-robin passes over every point, each in a fresh process; a point's step is the median over them")
+    timeout: int = options.timeout()
+
+
+QUICK = dataclasses.replace(BoundsConfig(), model="stack-mlp", width=32, depth=2, device_counts=(2,),
+                            batch_size=32, microbatches=4, iters=3, warmup=1, rounds=1, timeout=120)
+
+
+def point(config: BoundsConfig, devices: int, label: str, strategy: str, schedule: str | None) -> Point:
+    sizes = {k: getattr(config, k) for k in ("width", "depth")
+             if k in takes(config.model) and getattr(config, k) is not None}
+    staged = strategy in ("pipeline", "gems")
+    train = with_options(TrainConfig(), dataset="synthetic", model=config.model, **sizes,
+                         strategy=strategy, devices=devices, batch_size=config.batch_size,
+                         mesh=format_mesh({AXIS[strategy]: devices}) if strategy in AXIS else "",
+                         **({"microbatches": config.microbatches} if staged else {}),
+                         **({"schedule": schedule} if schedule else {}))
+    bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False)
+    return Point(f"points/{devices}/{label.replace(' ', '-')}", train, bench)
+
+
+def plan(config: BoundsConfig) -> list[tuple[int, str, Point, float | None]]:
+    """(devices, label, point, limit) with `single` first at each device count."""
+    at_least(config, 1, "batch_size", "iters", "microbatches", "rounds")
+    at_least(config, 2, "device_counts")
+    out = []
+    for n in config.device_counts:
+        out.append((n, "single", point(config, n, "single", "single", None), None))
+        out += [(n, label, point(config, n, label, strategy, schedule), limits.get(n, limits[max(limits)]))
+                for label, strategy, schedule, limits in CASES]
+    for _, _, p, _ in out:
+        points.check(p)
+    return out
+
+
+def run(config: BoundsConfig) -> list[Path]:
+    planned = plan(config)
+    # in the planned order every round: `single` first at each device count
+    outcomes = points.run_rounds([p for _, _, p, _ in planned], config.rounds, config.out,
+                                 config.timeout, rotate=False)
+    per_point = [outcomes[p.folder] for _, _, p, _ in planned]  # each point's rounds
+    rows, single = [], {}
+    for (n, label, p, limit), measured in zip(planned, per_point):
+        result, steps = measured[0], [r.metrics["step_time_ms_median"] for r in measured]
+        desc = result.strategy
+        ms = statistics.median(steps)
+        single.setdefault(n, ms)
+        ratio = ms / single[n]
+        rows.append({"devices": n, "label": label, "strategy": p.config.parallel.strategy,
+                     "ms_per_step": ms, "ms_per_step_rounds": steps,
+                     "ms_per_step_min": min(r.metrics["step_time_ms_min"] for r in measured), "ratio": ratio,
+                     "limit": limit, "met": None if limit is None else ratio <= limit,
+                     "bubble_fraction": desc.get("bubble_fraction"),
+                     "implementation": desc.get("implementation"), "point": p.folder})
+        print(f"{n} devices  {label:15s} {ms:8.2f} ms  {ratio:5.2f}x single"
+              + ("" if limit is None else f"  (limit {limit}x: {'met' if ratio <= limit else 'NOT met'})"),
+              flush=True)
+    env = per_point[0][0].env
+    study = results.RunResult(kind="bounds", config=dataclasses.asdict(config), env=env,
+                              metrics={"rows": rows})
+    path = results.write_atomic(Path(config.out) / "bounds.json", study.to_json() + "\n")
+    print(f"wrote {path}")
+    return [path]
+
+
+STUDY = Study("bounds", "each model-parallel strategy's step (pipeline gpipe/1f1b, gems, tensor) "
+                        "against single's on 2 and 4 simulated devices, one bench process per point "
+                        "in one run, beside the limit it is held to; writes OUT/bounds.json",
+              BoundsConfig, QUICK, run)
