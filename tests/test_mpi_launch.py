@@ -22,7 +22,7 @@ import pytest
 
 from conftest import TEST_XLA_FLAGS
 from cross_host import CROSS_HOST, WHY_NO_HOSTS
-from experiments.points.points import mpiexec
+from experiments.points.mpi import mpiexec
 from jaxpar.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

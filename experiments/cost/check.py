@@ -4,7 +4,7 @@ training result under figures/data/ predicted from the committed profile of this
 predicted-against-measured figure come from here.
 
     rows = check_rows(Path("figures/data"))   # one per measured point, predicted and measured
-    summary(rows)                              # median and largest |error| per study
+    error_summary(rows)                        # median and largest |error| per study
 
 Covered: one process's simulated CPU devices (every core), mpi4jax ranks and jax.distributed
 processes (one thread each, on one global mesh), on one host or (the network study) one
@@ -21,10 +21,10 @@ import functools
 import statistics
 from pathlib import Path
 
+from experiments.cost import predict as predictlib
 from experiments.infra import cluster
 from experiments.points import points
 from experiments.publish import sources
-from experiments.cost import predict as predictlib
 from jaxpar import cost, results
 from jaxpar.errors import ConfigError, ResultsError
 from jaxpar.parallel import STRATEGIES
@@ -33,7 +33,7 @@ from jaxpar.profiling.machine import model_key
 # (study, the results files under the data folder). A point measured in rounds (the strategies,
 # scaling and pipeline studies', peers' jaxpar rows, the bounds study's) holds r<k>/result.json:
 # its step is their median; the patterns match its folder or its first round's file.
-STUDIES = (
+CHECKED_STUDIES = (
     ("strategies", "strategies/points/*/r0/result.json"),
     ("strategies-cnn", "strategies_cnn/points/*/r0/result.json"),
     ("scaling", "scaling/*/*/r0/result.json"),
@@ -47,7 +47,7 @@ STUDIES = (
 # The studies whose points fall in groups measured apart (each with its own `single`): the
 # part of a point's path that names its group (a scaling mode; the bounds study's devices).
 MODE_PART = {"scaling": 1, "scaling-ranks": 2, "bounds": 2}
-PROFILE = "cost/profile.json"
+PROFILE_UNDER_DATA = "cost/profile.json"
 
 
 def _measured(point: Path) -> tuple[results.RunResult, float]:
@@ -59,7 +59,7 @@ def _measured(point: Path) -> tuple[results.RunResult, float]:
 
 
 def _point(path: Path) -> Path:
-    """The point folder of a STUDIES match (a point folder, or a result file in one or in its
+    """The point folder of a CHECKED_STUDIES match (a point folder, or a result file in one or in its
     first round's folder)."""
     return path if path.is_dir() else points.point_folder(path)
 
@@ -152,18 +152,18 @@ def check_rows(data_dir: Path) -> list[dict]:
     and predicted ms/step, the prediction's parts, state bytes, and the error; points the
     model does not cover carry `why` instead of a prediction. Computed once per data folder
     and profile file (its tables and figure share it)."""
-    profile = Path(data_dir) / PROFILE
+    profile = Path(data_dir) / PROFILE_UNDER_DATA
     if not profile.is_file():
-        raise ResultsError(sources.missing(Path(data_dir), "cost"))
+        raise ResultsError(sources.missing_line(Path(data_dir), "cost"))
     return _check_rows(str(Path(data_dir).resolve()), profile.stat().st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=8)
 def _check_rows(data_dir: str, _stamp: int) -> list[dict]:
     data_dir = Path(data_dir)
-    profile = predictlib.load(str(data_dir / PROFILE))
+    profile = predictlib.load_profile(str(data_dir / PROFILE_UNDER_DATA))
     rows = []
-    for study, pattern in STUDIES:
+    for study, pattern in CHECKED_STUDIES:
         for path in sorted(Path(data_dir).glob(pattern)):
             point = _point(path)
             r, measured = _measured(point)
@@ -230,12 +230,12 @@ def anchor(rows: list[dict]) -> None:
                  anchor=any(r is a for a in anchors))
 
 
-def summary(rows: list[dict]) -> list[dict]:
+def error_summary(rows: list[dict]) -> list[dict]:
     """Per study (and 'all'): points, points predicted, anchors; median and largest |error|
     of the anchored prediction (anchors left out), the points beyond 25%; the median |error|
     of the profile alone and the median scale (the study's speed over the profile's)."""
     out = []
-    for study in [s for s, _ in STUDIES] + ["all"]:
+    for study in [s for s, _ in CHECKED_STUDIES] + ["all"]:
         here = [r for r in rows if study in ("all", r["study"])]
         covered = [r for r in here if "error" in r]
         errors = [abs(r["error"]) for r in covered if not r["anchor"]]
@@ -278,8 +278,8 @@ def assumed_h100_rows(data_dir: Path) -> list[dict]:
     profile measured, for each model that profile holds at H100_BATCHES; with the machine
     command's one-device step on the same kind of device, where it measured one."""
     data_dir = Path(data_dir)
-    gpu = predictlib.load(str(data_dir / H100_PROFILE))
-    assumed = predictlib.compute_source(predictlib.load(str(data_dir / PROFILE)), "h100")
+    gpu = predictlib.load_profile(str(data_dir / H100_PROFILE))
+    assumed = predictlib.compute_source(predictlib.load_profile(str(data_dir / PROFILE_UNDER_DATA)), "h100")
     machine_ms = _one_device_ms(data_dir, gpu["env"]["device_kind"])
     rows = []
     for key, entry in gpu["models"].items():

@@ -16,9 +16,9 @@ from experiments.cost import check as cost_check
 from experiments.cost import predict as predictlib
 from experiments.publish.plotting import legend_below, plain_log_axis, pyplot, save, strategy_style
 
-# The extrapolation (docs/studies.md names its assumptions).
+# The extrapolation (docs/studies/cost.md names its assumptions).
 WIDE = "stack-mlp-d16-w8192"   # 8.6 G parameters: 103 GB of f32 state with Adam
-CNN = "cnn"
+SEEDS_CNN = "cnn"
 DEVICE, LINK = "h100", "100gbit"
 PER_DEVICE_BATCH = 128           # weak scaling: the global batch grows with the devices
 COUNTS = tuple(2 ** i for i in range(11))   # 1 ... 1,024
@@ -103,12 +103,12 @@ def scaling_extrapolated(loaded: dict, out: Path) -> Path:
     plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 8.2))
     style = strategy_style(["single", *SCALED])
-    measured, scale = _measured_weak(_data_dir(loaded), CNN)
-    profile = predictlib.load(str(loaded["files"][0]))
-    for row, key in enumerate((CNN, WIDE)):
+    measured, scale = _measured_weak(_data_dir(loaded), SEEDS_CNN)
+    profile = predictlib.load_profile(str(loaded["files"][0]))
+    for row, key in enumerate((SEEDS_CNN, WIDE)):
         series = scaling_series(profile, key, DEVICE, LINK, COUNTS)
         base = series["single"][0][1]
-        local = scaling_series(profile, key, predictlib.PROFILED, "measured", LOCAL_COUNTS) if key == CNN else {}
+        local = scaling_series(profile, key, predictlib.PROFILED, "measured", LOCAL_COUNTS) if key == SEEDS_CNN else {}
         for name, points in series.items():
             st = style[name]
             for col, value in enumerate((lambda n, ips: ips, lambda n, ips: ips / (n * base))):
@@ -123,7 +123,7 @@ def scaling_extrapolated(loaded: dict, out: Path) -> Path:
                     lv = [ips / scale if col == 0 else ips / (n * lb) for n, ips, _ in local[name]]
                     ax.plot([n for n, _, _ in local[name]], lv, color=st["color"], ls=":", lw=1.2,
                             label=f"{name} (this CPU, predicted, anchored)")
-                if name in measured and key == CNN:
+                if name in measured and key == SEEDS_CNN:
                     lb = measured.get("single", [(1, 1.0)])[0][1]
                     pts = sorted(measured[name])
                     ax.scatter([n for n, _ in pts], [ips if col == 0 else ips / (n * lb) for n, ips in pts],
@@ -139,3 +139,7 @@ def scaling_extrapolated(loaded: dict, out: Path) -> Path:
     handles, labels = axes[0][0].get_legend_handles_labels()
     legend_below(fig, handles, labels, ncol=3, y=0.02)
     return save(fig, out / "cost_scaling.png")
+
+
+FIGURES = (("cost", (("cost_predicted.png", predicted_vs_measured),
+                     ("cost_scaling.png", scaling_extrapolated))),)

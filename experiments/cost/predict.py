@@ -23,12 +23,14 @@ from pathlib import Path
 
 from experiments.options import option
 from jaxpar import cost
-from jaxpar.config import ModelConfig
+from jaxpar import mesh as meshlib
+from jaxpar.config import DataConfig, ModelConfig, ParallelConfig, TrainConfig
 from jaxpar.cost import Problem
 from jaxpar.errors import ConfigError
 from jaxpar.parallel import STRATEGIES
+from jaxpar.profiling import machine as profiling
 
-PROFILE = "figures/data/cost/profile.json"   # the committed profile of this machine
+DEFAULT_PROFILE = "figures/data/cost/profile.json"   # the committed profile of this machine
 LINK_CHOICES = ("measured", *cost.LINKS)
 PROFILED = "profiled"   # the device the profile measured
 DEVICE_CHOICES = (PROFILED, *cost.DEVICES)
@@ -36,7 +38,7 @@ MPI_AXIS = {"mpi-allreduce": "data", "mpi-param-server": "data", "mpi-pipeline":
 
 
 @functools.lru_cache(maxsize=4)
-def load(path: str) -> dict:
+def load_profile(path: str) -> dict:
     if not Path(path).is_file():
         raise ConfigError(f"no profile at {path}; `python -m experiments profile --out {Path(path).parent}` writes it")
     return cost.load_profile(path)
@@ -48,15 +50,13 @@ _SOURCES: dict = {}
 def compute_source(profile: dict, device: str = PROFILED):
     """(model key, one thread?) -> Compute: measured for profiled models on the profile's
     device, else from the layers' FLOPs at an achieved rate per layer kind. One per profile
-    (`load` keeps one dict per file) and device, so its models are built once."""
+    (`load_profile` keeps one dict per file) and device, so its models are built once."""
     if (id(profile), device) not in _SOURCES:
         _SOURCES[(id(profile), device)] = _compute_source(profile, device)
     return _SOURCES[(id(profile), device)]
 
 
 def _compute_source(profile: dict, device: str):
-    from jaxpar.profiling import machine as profiling
-
     models, kinds, peak = profile["models"], profile["kinds"], profile["matmul_peak_gflops"]
     biggest = max(models.values(), key=lambda e: sum(l["param_bytes"] for l in e["layers"]))
     # The update reads and writes parameters, gradients and Adam moments: 7 passes.
@@ -158,8 +158,6 @@ def predict_one(profile, key, strategy, devices, batch, device=PROFILED, link="m
 
 def refused(strategy: str, model: ModelConfig, axes: dict, batch: int, mesh: str, options: dict) -> None:
     """ConfigError with the strategy's own reasons when it cannot place `model` on `axes`."""
-    from jaxpar.config import DataConfig, ParallelConfig, TrainConfig
-
     cls = STRATEGIES[strategy]
     cls.check_model(model)
     config = TrainConfig(data=DataConfig(batch_size=batch), model=model,
@@ -186,9 +184,7 @@ def parse_bytes(text: str) -> float:
 
 
 def model_key_of(model: str, depth: int | None, width: int | None) -> str:
-    from jaxpar.profiling.machine import model_key
-
-    return model_key(ModelConfig(model, depth=depth, width=width))
+    return profiling.model_key(ModelConfig(model, depth=depth, width=width))
 
 
 @dataclass(frozen=True)
@@ -206,7 +202,7 @@ class PredictOptions:
                                    "default) | h100 (assumed)")
     link: str = option("measured", "measured (this machine's simulated devices) | 10gbit | 100gbit | nvlink")
     memory: str = option("", "memory per device, e.g. 16GB (default: the device's)")
-    profile: str = option(PROFILE, "the machine profile (`python -m experiments profile`)")
+    profile: str = option(DEFAULT_PROFILE, "the machine profile (`python -m experiments profile`)")
 
 
 @dataclass(frozen=True)
@@ -219,7 +215,7 @@ def _check(args) -> tuple[dict, str]:
         raise ConfigError(f"--strategy {args.strategy}: choose one of {', '.join(STRATEGIES)}")
     if args.device not in DEVICE_CHOICES or args.link not in LINK_CHOICES:
         raise ConfigError(f"--device one of {', '.join(DEVICE_CHOICES)}; --link one of {', '.join(LINK_CHOICES)}")
-    return load(args.profile), model_key_of(args.model, args.depth or None, args.width or None)
+    return load_profile(args.profile), model_key_of(args.model, args.depth or None, args.width or None)
 
 
 def describe(pred: cost.Prediction, memory: float | None) -> str:
@@ -238,26 +234,23 @@ def device_name(profile: dict, device: str) -> str:
     return f"{env.get('device_kind') or env.get('backend', '?')} (profiled)"
 
 
-class PredictCommand:
-    @staticmethod
-    def run(args: PredictOptions) -> cost.Prediction:
-        profile, key = _check(args)
-        memory = parse_bytes(args.memory) if args.memory else None
-        pred = predict_one(profile, key, args.strategy, args.devices, args.batch_size, args.device,
-                           args.link, memory, args.mesh, microbatches=args.microbatches, schedule=args.schedule)
-        print(f"{key} / {args.strategy} on {args.devices} x {device_name(profile, args.device)} over {args.link}, "
-              f"batch {args.batch_size}")
-        print("  " + describe(pred, memory))
-        for note in pred.notes:
-            print(f"  ({note})")
-        return pred
+def predict_command(args: PredictOptions) -> cost.Prediction:
+    """`python -m experiments predict`: one strategy's predicted step, printed."""
+    profile, key = _check(args)
+    memory = parse_bytes(args.memory) if args.memory else None
+    pred = predict_one(profile, key, args.strategy, args.devices, args.batch_size, args.device,
+                       args.link, memory, args.mesh, microbatches=args.microbatches, schedule=args.schedule)
+    print(f"{key} / {args.strategy} on {args.devices} x {device_name(profile, args.device)} over {args.link}, "
+          f"batch {args.batch_size}")
+    print("  " + describe(pred, memory))
+    for note in pred.notes:
+        print(f"  ({note})")
+    return pred
 
 
 def plan_rows(profile, key, devices, batch, device, link, memory, **options) -> list[dict]:
     """Every strategy and mesh shape that can place `key` on `devices`, fastest first, those
     that do not fit in `memory` (per device) marked."""
-    from jaxpar import mesh as meshlib
-
     rows = []
     for name, cls in STRATEGIES.items():
         if cls.models is not None and model_config(key).model not in cls.models:
@@ -287,18 +280,17 @@ def mesh_choices(cls, devices: int) -> list[str]:
     return out
 
 
-class PlanCommand:
-    @staticmethod
-    def run(args: PlanOptions) -> list[dict]:
-        profile, key = _check(args)
-        memory = parse_bytes(args.memory) if args.memory else None
-        rows = plan_rows(profile, key, args.devices, args.batch_size, args.device, args.link, memory,
-                         microbatches=args.microbatches, schedule=args.schedule)
-        print(f"{key} on {args.devices} x {device_name(profile, args.device)} over {args.link}, batch {args.batch_size}, "
-              f"memory/device {args.memory or 'the device''s'}: fastest first")
-        for r in rows:
-            p = r["prediction"]
-            print(f"  {'  ' if r['fits'] else 'NO'} {r['strategy']:<17} {r['mesh']:<26} {1000 * p.total_s:10.2f} ms "
-                  f"{p.images_per_s:12,.0f} img/s  {p.memory_bytes / 1e9:9.3f} GB"
-                  + ("" if r["fits"] else "  does not fit"))
-        return rows
+def plan_command(args: PlanOptions) -> list[dict]:
+    """`python -m experiments plan`: every strategy and mesh, fastest first, printed."""
+    profile, key = _check(args)
+    memory = parse_bytes(args.memory) if args.memory else None
+    rows = plan_rows(profile, key, args.devices, args.batch_size, args.device, args.link, memory,
+                     microbatches=args.microbatches, schedule=args.schedule)
+    print(f"{key} on {args.devices} x {device_name(profile, args.device)} over {args.link}, batch {args.batch_size}, "
+          f"memory/device {args.memory or 'the device''s'}: fastest first")
+    for r in rows:
+        p = r["prediction"]
+        print(f"  {'  ' if r['fits'] else 'NO'} {r['strategy']:<17} {r['mesh']:<26} {1000 * p.total_s:10.2f} ms "
+              f"{p.images_per_s:12,.0f} img/s  {p.memory_bytes / 1e9:9.3f} GB"
+              + ("" if r["fits"] else "  does not fit"))
+    return rows

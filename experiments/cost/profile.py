@@ -14,10 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.infra import cluster
 from experiments.options import option
 from jaxpar import mesh as meshlib
 from jaxpar import results
 from jaxpar.errors import ConfigError, UserError
+from jaxpar.profiling import machine as profiling
 
 PROFILE_FILE = "profile.json"
 
@@ -41,16 +43,13 @@ def link_profile(bandwidths, sizes=LINK_SIZES, iters: int = LINK_ITERS) -> dict:
     """{bandwidth: {"mpi": fits, "distributed": fits}}: mpi4jax's and jax.distributed's
     collectives between 2 emulated hosts, one single-threaded rank each, on a cluster made for
     each bandwidth (removed however the block ends): what the network study's points pay."""
-    from experiments.infra import cluster
-    from jaxpar.profiling import machine as profiling
-
     found = {}
     for bw in bandwidths:
         print(f"collectives across 2 emulated hosts at {bw}", flush=True)
         with cluster.running(2, bw):
             entry = {}
             for kind, module in (("mpi", "jaxpar.profiling.mpi_rank"), ("distributed", "jaxpar.profiling.dist_rank")):
-                fits, why = profiling.mpi_profile(LINK_RANKS, sizes, iters, module=module, launch=cluster.mpiexec)
+                fits, why = profiling.mpi_profile(LINK_RANKS, sizes, iters, module=module, launch=cluster.mpiexec_on_hosts)
                 if why:
                     raise UserError(f"--links {bw}: the {kind} collectives across hosts failed: {why}")
                 entry[kind] = fits
@@ -59,16 +58,12 @@ def link_profile(bandwidths, sizes=LINK_SIZES, iters: int = LINK_ITERS) -> dict:
 
 
 def run(args: ProfileOptions) -> Path:
-    from jaxpar.profiling import machine as profiling  # imports JAX: after the device count is set
-
     try:
         meshlib.simulate_cpu_devices(max(profiling.COLLECTIVE_DEVICES))
     except meshlib.MeshError as e:
         raise ConfigError(f"{e} (run `python -m experiments profile` as its own process)") from None
     bandwidths = [b.strip() for b in args.links.split(",") if b.strip()]
     if bandwidths:  # refused before minutes of profiling, not after
-        from experiments.infra import cluster
-
         for bw in bandwidths:
             try:
                 cluster.rate_bits(bw)

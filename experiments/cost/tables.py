@@ -14,7 +14,7 @@ def _pct(x: float | None) -> str:
     return DASH if x is None else f"{100 * x:.0f}%"
 
 
-def summary(data_dir: Path) -> str:
+def cost_summary_table(data_dir: Path) -> str:
     """Median and largest |error| of the predicted step, per study and over all."""
     return markdown(["study", "points", "predicted (anchors)", "median abs. error", "largest abs. error",
                      "beyond 25%", "profile alone: median abs. error", "study's speed / profile's",
@@ -23,10 +23,10 @@ def summary(data_dir: Path) -> str:
                       _pct(s["max"]), s["beyond_25"], _pct(s["median_profile"]),
                       DASH if s["scale"] is None else f"{s['scale']:.2f}",
                       f"{s['state_equal']} of {s['state_checked']}"]
-                     for s in cost_check.summary(cost_check.check_rows(data_dir))])
+                     for s in cost_check.error_summary(cost_check.check_rows(data_dir))])
 
 
-def points(data_dir: Path) -> str:
+def cost_points_table(data_dir: Path) -> str:
     """Every committed point: measured and predicted ms/step, the prediction's parts, the
     error, predicted and measured state bytes per device; or why it is not covered."""
     out = []
@@ -48,7 +48,7 @@ def points(data_dir: Path) -> str:
                      "state MB/device predicted / measured"], out)
 
 
-def assumptions(_: Path) -> str:
+def assumptions_table(_: Path) -> str:
     """The assumed hardware the extrapolation uses (jaxpar.cost.DEVICES and LINKS), with sources."""
     rows = [[f"device `{d.name}`", f"{d.peak_gflops / 1e3:g} TFLOP/s f32, {d.memory_bytes / 1e9:g} GB at "
              f"{d.memory_bytes_per_s / 1e12:g} TB/s, {1e6 * d.layer_overhead_s:g} us per layer and step",
@@ -58,7 +58,7 @@ def assumptions(_: Path) -> str:
     return markdown(["assumed", "value", "source"], rows)
 
 
-def h100(data_dir: Path) -> str:
+def h100_table(data_dir: Path) -> str:
     """The assumed H100 against an H100 profile measured on a lent node (`single`'s step)."""
     return markdown(["model", "batch", "measured on the H100 (profile) ms", "machine command's one-device ms",
                      "assumed H100 predicted ms", "assumed / measured"],
@@ -66,3 +66,7 @@ def h100(data_dir: Path) -> str:
                       DASH if r["machine_ms"] is None else f"{r['machine_ms']:.3f}",
                       f"{r['assumed_ms']:.3f}", f"{r['ratio']:.2f}"]
                      for r in cost_check.assumed_h100_rows(data_dir)])
+
+
+TABLES = {"cost-summary": cost_summary_table, "cost-points": cost_points_table,
+          "cost-assumptions": assumptions_table, "cost-h100": h100_table}

@@ -15,8 +15,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("docs/studies.md", "README.md")   # the first that exists holds the captions
+from experiments.demo.models import ROOT
+
+CAPTION_DOCUMENTS = ("docs/studies.md", "README.md")   # the first that exists holds the captions
 SCREENSHOT = "demo.png"                      # the demo's own screenshot: not a study figure
 
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]*figures/([^)/\s]+\.png))\)")
@@ -44,7 +45,7 @@ def captions(text: str) -> dict[str, tuple[str, str]]:
 
 def figures(root: Path = ROOT) -> list[Figure]:
     """Every PNG in `root/figures` (the screenshot aside), in the order the document shows them."""
-    source = next((s for s in SOURCES if (root / s).exists()), "")
+    source = next((s for s in CAPTION_DOCUMENTS if (root / s).exists()), "")
     shown = captions((root / source).read_text()) if source else {}
     pngs = {p.name: p for p in sorted((root / "figures").glob("*.png")) if p.name != SCREENSHOT}
     ordered = [n for n in shown if n in pngs] + [n for n in pngs if n not in shown]

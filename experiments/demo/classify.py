@@ -119,7 +119,7 @@ def _softmax_forward(graphdef, params, model_state, images):
     return jax.nn.softmax(logits, -1)
 
 
-def load(folder: str | Path, dataset: str | None = None) -> Classifier:
+def load_classifier(folder: str | Path, dataset: str | None = None) -> Classifier:
     """The model in `folder` (a result folder or a checkpoint), its latest step.
 
     Args:

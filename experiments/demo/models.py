@@ -60,7 +60,7 @@ class Models:
         folder = str(folder).strip()
         if not trusted:
             self._check_inside(folder)
-        model = classify.load(folder, self.dataset)
+        model = classify.load_classifier(folder, self.dataset)
         same = Path(model.folder).resolve()
         with self._lock:
             self.loaded = [m for m in self.loaded if Path(m.folder).resolve() != same]  # a reload

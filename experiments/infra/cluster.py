@@ -41,7 +41,7 @@ MAX_HOSTS = 32
 # Between hosts MPICH uses UCX, whose shared-memory transports would find the other "host" on
 # this same machine: TCP over each host's eth0 only, so messages cross the emulated links.
 MPI_OVER_TCP = ("-genv", "UCX_TLS", "tcp,self", "-genv", "UCX_NET_DEVICES", "eth0")
-TOOLS = ("ip", "tc", "unshare")  # iproute2 and util-linux
+NETWORK_TOOLS = ("ip", "tc", "unshare")  # iproute2 and util-linux
 # hydra's ssh launcher calls `<launcher-exec> [options] HOST COMMAND...`; ours runs COMMAND in
 # host HOST's namespace under its hostname, through a shell as ssh would.
 LAUNCHER = """#!/bin/sh
@@ -75,7 +75,7 @@ def missing() -> str | None:
     if os.geteuid() != 0:
         return ("the emulated cluster needs root (network namespaces, veth links and tc need "
                 "CAP_SYS_ADMIN and CAP_NET_ADMIN): run it as root, e.g. with sudo")
-    absent = [tool for tool in TOOLS if shutil.which(tool) is None]
+    absent = [tool for tool in NETWORK_TOOLS if shutil.which(tool) is None]
     if absent:
         return (f"the emulated cluster needs {', '.join(absent)} (Debian: apt-get install "
                 "iproute2 util-linux)")
@@ -254,7 +254,7 @@ def on_host(i: int, argv: list[str]) -> list[str]:
             'hostname "$0" && exec "$@"', hosts[i], *argv]
 
 
-def mpiexec(ranks: int, argv: list[str]) -> list[str]:
+def mpiexec_on_hosts(ranks: int, argv: list[str]) -> list[str]:
     """The command line that launches `ranks` MPI ranks of `argv` over the hosts, in blocks
     of ceil(ranks / hosts) (ranks 0.. on host 0, the next block on host 1, ...): this venv's
     MPICH mpiexec on host 0, each host's hydra proxy started through LAUNCHER."""
@@ -304,5 +304,5 @@ def main(argv: list[str]) -> int:
     elif args.action == "exec":
         return _launch(on_host(args.host, argv))
     else:
-        return _launch(mpiexec(args.ranks, argv))
+        return _launch(mpiexec_on_hosts(args.ranks, argv))
     return 0

@@ -157,7 +157,7 @@ def _steps() -> list[int]:
     return pids
 
 
-def running(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Whether `pid` is alive (a zombie nobody reaps has ended)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -172,10 +172,10 @@ def down() -> None:
                        capture_output=True, timeout=30)
     pids = _pids() + _steps()
     for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        for pid in filter(running, pids):
+        for pid in filter(alive, pids):
             os.kill(pid, sig)
         deadline = time.monotonic() + wait_s
-        while any(map(running, pids)) and time.monotonic() < deadline:
+        while any(map(alive, pids)) and time.monotonic() < deadline:
             time.sleep(0.1)
     shutil.rmtree(HOME, ignore_errors=True)
 

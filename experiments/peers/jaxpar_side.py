@@ -10,7 +10,7 @@ from jaxpar.config import TrainConfig, with_options
 OPTIMIZER = "adam"  # what the PyTorch side runs (torch.optim.Adam); jaxpar's is pinned to it
 
 
-def train_config(config, model: str, strategy: str, devices: int = 1, ranks: bool = False,
+def peer_train_config(config, model: str, strategy: str, devices: int = 1, ranks: bool = False,
                  steps_per_dispatch: int = 1) -> TrainConfig:
     """`model` under `strategy` on `devices` simulated devices per process (`ranks`: one
     pinned thread per process, for rank points), at the study's (a PeersConfig) batch and lr."""

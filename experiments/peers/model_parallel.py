@@ -9,7 +9,7 @@ stage per MPI rank), `pipeline` on one jax.distributed mesh over the ranks and, 
 completeness, on simulated devices in one process, and `tensor` over the ranks. Rank points
 run --ranks processes x 1 thread. Both pipelines cut the model where jaxpar cuts it for --ranks
 stages (`jaxpar.parallel.pipeline.inner_cut.plan`: the CNN inside conv2). Every configuration is measured in
-each of --rounds interleaved rounds (experiments.peers.rounds); a row is the median of the
+each of --rounds interleaved rounds (study.interleaved_rounds); a row is the median of the
 round medians, its ratio jaxpar / PyTorch of the same kind (pipeline of the same schedule,
 tensor parallelism). The section's rows, settings and load go to peers.json under
 metrics.model_parallel, which a run of the other section alone keeps.
@@ -20,11 +20,11 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from experiments.peers import jaxpar_side as peers_jaxpar
-from experiments.points import mpi as rank_scaling
 from experiments.options import BenchOptions
-from experiments.points.points import Point
+from experiments.peers.jaxpar_side import peer_train_config
 from experiments.peers.torch_point import TorchPoint
+from experiments.points.mpi import check_ranks, places_model
+from experiments.points.points import Point
 from jaxpar.config import TrainConfig, with_options
 from jaxpar.errors import ConfigError
 from jaxpar.parallel.pipeline import inner_cut as finer
@@ -67,10 +67,10 @@ def entries(config) -> dict[str, Entry]:
     return found
 
 
-def train_config(config, entry: Entry) -> TrainConfig:
+def mp_train_config(config, entry: Entry) -> TrainConfig:
     """What a jaxpar configuration trains (the data-parallel section's settings)."""
-    base = peers_jaxpar.train_config(config, config.mp_model, entry.strategy,
-                              1 if entry.on_ranks else config.ranks, ranks=entry.on_ranks)
+    base = peer_train_config(config, config.mp_model, entry.strategy,
+                             1 if entry.on_ranks else config.ranks, ranks=entry.on_ranks)
     if not entry.on_ranks:  # one pinned thread per simulated device, as each rank has: the
         # devices sharing both threads measured 46 ms a step (1F1B) against 29 ms pinned
         base = with_options(base, single_thread=True)
@@ -83,10 +83,10 @@ def stage_plan(config) -> finer.Plan:
     """Where jaxpar's pipelines cut --mp-model into --ranks stages (the CNN inside conv2): the
     cut both frameworks run."""
     entry = Entry("jaxpar", "", strategy="mpi-pipeline", schedule=config.schedules[0])
-    return finer.plan(train_config(config, entry), config.ranks, inside=True)
+    return finer.plan(mp_train_config(config, entry), config.ranks, inside=True)
 
 
-def plan(config) -> tuple[list[str], dict[str, str]]:
+def mp_plan(config) -> tuple[list[str], dict[str, str]]:
     """(the keys to run, {key: why skipped}); ConfigError naming the fix for a bad option."""
     from experiments.peers.torch_parallel import TP_PLANS  # imports torch: only once it is there
 
@@ -105,15 +105,15 @@ def plan(config) -> tuple[list[str], dict[str, str]]:
     keys = [k for k in known if k in (config.mp_configs or known)]
     skipped = {}
     try:  # the launcher and mpi4jax: what the rank points need installed
-        rank_scaling.check(("mpi-pipeline",), (config.ranks,), (config.mp_model,))
+        check_ranks(("mpi-pipeline",), (config.ranks,), (config.mp_model,))
     except ConfigError as e:
         skipped |= {k: str(e) for k in keys if known[k].framework == "jaxpar" and known[k].on_ranks}
-    if "jaxpar-tensor-ranks" in keys and not rank_scaling.takes("tensor", config.mp_model):
+    if "jaxpar-tensor-ranks" in keys and not places_model("tensor", config.mp_model):
         skipped["jaxpar-tensor-ranks"] = f"jaxpar's tensor does not split {config.mp_model}"
     return [k for k in keys if k not in skipped], skipped
 
 
-def point(config, key: str, k: int) -> Point | TorchPoint:
+def mp_point(config, key: str, k: int) -> Point | TorchPoint:
     """Configuration `key` in round k."""
     folder = f"points/{config.mp_model}/mp/{key}/r{k}"
     if key.startswith("torch-"):
@@ -126,10 +126,10 @@ def point(config, key: str, k: int) -> Point | TorchPoint:
                           cut_channels=cut.channels if cut else None)
     bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False)
     entry = entries(config)[key]
-    return Point(folder, train_config(config, entry), bench, config.ranks if entry.on_ranks else None)
+    return Point(folder, mp_train_config(config, entry), bench, config.ranks if entry.on_ranks else None)
 
 
-def rows(config, records: dict[str, list[dict]]) -> list[dict]:
+def mp_rows(config, records: dict[str, list[dict]]) -> list[dict]:
     """Table rows, in `entries` order: median of round medians, images/s, ratio to the peer."""
     out = {}
     for key, entry in entries(config).items():
@@ -157,29 +157,6 @@ def section(config, records: dict, skipped: dict, failed: dict, load: list[float
     cut = stage_plan(config)
     return {"config": {**settings, "stage_starts": list(cut.starts), "stage_layers": list(cut.names),
                        "cut_channels": cut.channels},
-            "rows": rows(config, records), "skipped": skipped, "failed": failed,
+            "rows": mp_rows(config, records), "skipped": skipped, "failed": failed,
             "load_average_1min": load,
             "torch": next((r["torch"] for recs in records.values() for r in recs if r.get("torch")), None)}
-
-
-def table(mp: dict) -> str:
-    """The section's markdown table and the settings behind it."""
-    cfg = mp["config"]
-    names = cfg.get("stage_layers")  # recorded since the cut may fall inside conv2
-    starts = ", ".join(f"{s} ({names[s]})" if names else str(s) for s in cfg["stage_starts"])
-    lines = [f"Model parallelism: {cfg['mp_model']} on {cfg['ranks']} ranks; the pipelines cut it into "
-             f"{cfg['ranks']} stages starting at layers {starts} (jaxpar's cut, both frameworks), {cfg['microbatches']} "
-             f"micro-batches, global batch {cfg['batch_size']}, Adam; {cfg['rounds']} interleaved "
-             f"rounds of {cfg['iters']} steps after {cfg['warmup']}.\n",
-             "| model | framework | configuration | processes x threads | ms/step | images/s | "
-             "jaxpar / PyTorch (same kind) | first step / compile s |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in mp["rows"]:
-        ratio = "" if r["peer"] is None else f"{r['ratio_vs_peer']:.2f} ({r['peer'].removeprefix('torch-')})"
-        lines.append(f"| {cfg['mp_model']} | {r['framework']} | {r['what']} | {r['processes']} x "
-                     f"{r['threads_per_process']} | {r['ms_per_step']:.2f} | {r['images_per_sec']:,.0f} | "
-                     f"{ratio} | {r['first_step_s']:.2f} |")
-    for name, why in {**mp["skipped"], **mp["failed"]}.items():
-        status = "skipped" if name in mp["skipped"] else "failed"
-        lines.append(f"\n{name}: {status} ({why.strip().splitlines()[-1] if why.strip() else ''})")
-    return "\n".join(lines)

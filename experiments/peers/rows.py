@@ -1,4 +1,4 @@
-"""The peers study's rows, results file and markdown table, from its per-round records.
+"""The peers study's rows and results file, from its per-round records (its tables: tables.py).
 
     python -m experiments peers --quick --out /tmp/peers    # writes OUT/peers.json, OUT/summary.md
 
@@ -16,7 +16,6 @@ import os
 import shutil
 import statistics
 
-from experiments.peers import model_parallel as peers_mp
 from jaxpar import results
 
 SINGLE_PROCESS_PEERS = ("torch-eager", "torch-compile")
@@ -50,7 +49,7 @@ def describe_best(best: dict) -> str:
             + chained(best, ", ", "steps per dispatch"))
 
 
-def rows(config, rounds: dict[str, dict[str, list]], best: dict, labels: dict[str, tuple]) -> list[dict]:
+def peer_rows(config, rounds: dict[str, dict[str, list]], best: dict, labels: dict[str, tuple]) -> list[dict]:
     """Table rows from {model: {config key: [round records]}}, in CONFIGS order per model."""
     peaks = {fw: _median(rec["peak_gflops"] for by_config in rounds.values()
                          for key, recs in by_config.items() if labels[key][0] == fw for rec in recs)
@@ -100,7 +99,7 @@ def _best_measured(by_key: dict[str, dict], screened: dict) -> None:
         "screened_pick_ms_per_step": pick["ms_per_step"]}
 
 
-def study(config, settings: dict, labels: dict[str, tuple[str, str]], counts: dict, best: dict,
+def peers_result(config, settings: dict, labels: dict[str, tuple[str, str]], counts: dict, best: dict,
           rounds: dict, failed: dict, load: list[float]) -> results.RunResult:
     """The RunResult of peers.json: config, env (jaxpar's single point's, PyTorch added), rows.
 
@@ -121,78 +120,5 @@ def study(config, settings: dict, labels: dict[str, tuple[str, str]], counts: di
     return results.RunResult(
         kind="peers", env=env,
         config={**dataclasses.asdict(config), "models": settings["models"], "candidates": settings["candidates"]},
-        metrics={"rows": rows(config, rounds, best, labels), "param_counts": counts, "best": best,
+        metrics={"rows": peer_rows(config, rounds, best, labels), "param_counts": counts, "best": best,
                  "skipped": settings["skipped"], "failed": failed})
-
-
-def _num(x, fmt: str) -> str:
-    return "–" if x is None else format(x, fmt)
-
-
-def table(data: dict) -> str:
-    """The markdown table of a peers.json dict: one row per model and configuration (also
-    the `report:peers` table of the docs, experiments/publish/tables.py)."""
-    lines = ["| model | framework | configuration | processes x threads | ms/step | images/s | "
-             "jaxpar / PyTorch (peer) | GFLOP/s | % of matmul peak | first step / compile s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in data["metrics"]["rows"]:
-        ratio = "" if r["peer"] is None else f"{r['ratio_vs_peer']:.2f} ({r['peer'].removeprefix('torch-')})"
-        lines.append(
-            f"| {r['model']} | {r['framework']} | {r['what']} | {r['processes']} x {r['threads_per_process']} | "
-            f"{r['ms_per_step']:.2f} | {r['images_per_sec']:,.0f} | {ratio} | {_num(r['achieved_gflops'], '.1f')} | "
-            f"{_num(r['percent_of_peak'], '.1f')} | {_num(r['first_step_s'], '.2f')} |")
-    return "\n".join(lines)
-
-
-def summary(data: dict) -> str:
-    """`table` of a peers.json dict, with the machine, threads and peaks behind it."""
-    cfg, env, m = data["config"], data["env"], data["metrics"]
-    mp = m.get("model_parallel")
-    mp_load = "" if mp is None else (
-        "\nModel-parallel section: 1-minute load average before each round and at the end: "
-        + ", ".join(f"{x:.1f}" for x in mp["load_average_1min"]) + f" ({env['cpu_cores']} cores).\n")
-    if not m["rows"]:  # only the model-parallel section ran
-        return peers_mp.table(mp) + "\n" + mp_load
-    lines = [f"Global batch {cfg['batch_size']}, Adam (constant lr {cfg['lr']:g}, betas 0.9/0.999, "
-             f"eps 1e-8; PyTorch's `{cfg['adam']}` kernel), synthetic data of the real shapes; "
-             f"{cfg['rounds']} interleaved rounds, each a median of {cfg['iters']} steps after "
-             f"{cfg['warmup']}; ms/step is the median of the round medians.\n", table(data)]
-    peaks = {r["framework"]: r["peak_gflops"] for r in m["rows"]}
-    lines += [
-        "\nParameters (jaxpar = its PyTorch twin): "
-        + ", ".join(f"{k} {v:,}" for k, v in m["param_counts"].items()) + ".",
-        f"\nMatmul peak (2048^3 f32, measured in every round by `single` and PyTorch eager, median): "
-        f"XLA {_num(peaks.get('jaxpar'), '.1f')} GFLOP/s, PyTorch {_num(peaks.get('pytorch'), '.1f')} GFLOP/s. "
-        "GFLOP/s counts one global step's FLOPs (XLA's cost analysis of jaxpar's `single` step) "
-        "for every configuration.",
-        f"\n{env['cpu_cores']} CPU cores ({env.get('cores_available')} available); jax {env['jax']}, "
-        f"torch {env.get('torch')}. Threads: single-process jaxpar points use XLA's default pool "
-        f"({env.get('threads_per_process')} threads, the cores available); PyTorch single-process "
-        f"points torch.set_num_threads({env.get('torch_threads')}) (interop "
-        f"{env.get('torch_interop_threads')}); rank points run {cfg['ranks']} processes x 1 thread, "
-        "each pinned to core rank % cores (jaxpar --single-thread under mpiexec; DDP ranks "
-        "set_num_threads(1) and sched_setaffinity). torch.compile: "
-        f"{env.get('torch_compile')} (C++ compiler: {env.get('cxx_compiler') or 'none found'}).",
-        "\nBest single-process jaxpar configuration, screened per model (images/s, "
-        f"{cfg['screen_iters']} calls each, of one step or of the steps per dispatch shown): " + "; ".join(
-            f"{model}: " + ", ".join(f"{c['strategy']} x{c['devices']}{chained(c)} {c['images_per_sec']:,.0f}"
-                                     for c in b["candidates"]) for model, b in m["best"].items())]
-    slower = [r for r in m["rows"] if r.get("screened_pick")]
-    if slower:
-        lines.append("\nWhere the best single-process row is `single`, the screen's pick ran slower in "
-                     "the rounds than `single` did: " + "; ".join(
-                         f"{r['model']}: {r['screened_pick']}, {r['screened_pick_ms_per_step']:.2f} ms/step"
-                         for r in slower) + ".")
-    load, cores = env.get("load_average_1min") or [0], env["cpu_cores"]
-    # The average counts the study's own processes: a point's busy threads, and the rank
-    # points' spin-waiting ranks and launcher, leave it near or a little above the cores.
-    lines.append(f"\n1-minute load average before each round and at the end: "
-                 f"{', '.join(f'{x:.1f}' for x in load)} ({cores} cores; the study's own "
-                 "points count in it, up to about one more than the cores)." + (
-                     " Other work shared the machine: these timings are provisional (PyTorch's "
-                     "OpenMP threads spin-wait and lose most when cores are oversubscribed)."
-                     if max(load) > cores + 1 else ""))
-    for name, why in {**m["skipped"], **m["failed"]}.items():
-        status = "skipped" if name in m["skipped"] else "failed"
-        lines.append(f"\n{name}: {status} ({why.strip().splitlines()[-1] if why.strip() else ''})")
-    return "\n".join(lines) + "\n" + ("" if mp is None else f"\n{peers_mp.table(mp)}\n" + mp_load)

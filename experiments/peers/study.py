@@ -7,19 +7,20 @@ configuration, `mpi-allreduce` on the same ranks), all in one run, interleaved.
     python -m experiments peers --sections model-parallel --out figures/data/peers   # that section alone
 
 Needs the `peer` extra (torch==2.13.0, CPU wheel): `pip install '.[peer]'` or `make peer`.
-Every configuration runs in its own process: jaxpar points through `experiments.points.points`
-(`python -m experiments.points.run`), PyTorch points through `experiments.peers.torch_point`
-(`python -m experiments.peers.torch_bench`); both resume a stopped study and refuse a folder of
-other settings. First a screening picks jaxpar's best single-process configuration per model
-(`single` on 1 device or a data-parallel strategy on --best-devices simulated devices,
---screen-iters steps each); then --rounds rounds go round-robin over every configuration,
-the order rotated each round, so drift on a shared machine hits all alike (each round its
-own folder: r0, r1, ...). A configuration's ms/step is the median over rounds of each
-round's median of --iters steps; the best single-process row is the faster of the screen's
-pick and `single` in the rounds (peers_report). The model-parallel section (experiments/peers/model_parallel.py) runs
+Every configuration runs in its own process: jaxpar points through `experiments.points`
+(`python -m experiments.points.run`), PyTorch points through `torch_launch`
+(`python -m experiments.peers.torch_bench`); both resume a stopped study and refuse a folder
+of other settings. First a screening picks jaxpar's best single-process configuration per
+model (`single` on 1 device or a data-parallel strategy on --best-devices simulated devices,
+--screen-iters steps each); then --rounds rounds go round-robin over every configuration, the
+order rotated each round, so drift on a shared machine hits all alike (each round its own
+folder: r0, r1, ...). A configuration's ms/step is the median over rounds of each round's
+median of --iters steps; the best single-process row is the faster of the screen's pick and
+`single` in the rounds (rows.py). The model-parallel section (model_parallel.py) runs
 PyTorch's pipelining and tensor parallelism beside jaxpar's on the same ranks, in rounds of
-its own; --sections runs one section and keeps the other's rows from OUT/peers.json. Writes OUT/peers.json (RunResult: config, env,
-metrics.rows), OUT/summary.md and OUT/peers.png, atomically.
+its own; --sections runs one section and keeps the other's rows from OUT/peers.json. Writes
+OUT/peers.json (RunResult: config, env, metrics.rows), OUT/summary.md (tables.py) and
+OUT/peers.png (figures.py), atomically.
 """
 
 from __future__ import annotations
@@ -31,23 +32,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments import options
-from experiments.peers import model_parallel as peers_mp
-from experiments.peers import rows as peers_report
-from experiments.studies.pipeline import figures as plots_studies
-from experiments.points import points
-from experiments.points import mpi as rank_scaling
-from experiments.peers import torch_point
 from experiments.options import BenchOptions, option
-from experiments.peers.jaxpar_side import train_config
+from experiments.peers import model_parallel as peers_mp
+from experiments.peers.figures import peers_bars
+from experiments.peers.jaxpar_side import peer_train_config
+from experiments.peers.rows import describe_best, peers_result
+from experiments.peers.tables import peers_summary
+from experiments.peers.torch_launch import check_folders, run_torch_point
+from experiments.peers.torch_point import ADAM_KERNELS, TorchPoint
+from experiments.points import points
+from experiments.points.mpi import check_ranks
 from experiments.points.points import Point, PointError
 from experiments.studies.study import Study, at_least, distinct
-from experiments.peers.torch_point import ADAM_KERNELS, TorchPoint
-from jaxpar.runtime import optional
 from jaxpar import results
 from jaxpar.errors import ConfigError, ResultsError
 from jaxpar.models import abstract_model, param_count
 from jaxpar.parallel import STRATEGIES
 from jaxpar.parallel.base import STEPS_OPTION
+from jaxpar.runtime import optional
 
 SECTIONS = ("data-parallel", peers_mp.SECTION)
 # The configurations of every model, in table order: (key, framework, what it is).
@@ -114,7 +116,7 @@ def data_parallel() -> tuple[str, ...]:
     return tuple(n for n, c in STRATEGIES.items() if c.family == "data parallel")
 
 
-def plan(config: PeersConfig) -> Plan:
+def resolved_plan(config: PeersConfig) -> Plan:
     """Check every option before any work (ConfigError names the fix)."""
     why = torch_missing()
     if why:
@@ -152,7 +154,7 @@ def plan(config: PeersConfig) -> Plan:
                           f"that does ({', '.join(able)})")
     skipped = {}
     try:  # what is left to fail is the install (mpiexec, mpi4jax): the rest still runs
-        rank_scaling.check((config.rank_strategy,), (config.ranks,), models)
+        check_ranks((config.rank_strategy,), (config.ranks,), models)
     except ConfigError as e:
         skipped["jaxpar-ranks"] = str(e)
     if not config.compile:
@@ -167,7 +169,7 @@ def screen_point(config: PeersConfig, model: str, strategy: str, devices: int, k
     # --screen-iters calls, each of k steps: as many samples as a one-step candidate has (a
     # median of fewer calls picked the slower candidate on this noisy machine).
     return Point(f"screen/{model}/{strategy}-{devices}" + (f"-k{k}" if k > 1 else ""),
-                 train_config(config, model, strategy, devices, steps_per_dispatch=k),
+                 peer_train_config(config, model, strategy, devices, steps_per_dispatch=k),
                  BenchOptions(iters=config.screen_iters, warmup=config.warmup, matmul_peak=False))
 
 
@@ -183,11 +185,11 @@ def round_point(config: PeersConfig, model: str, key: str, k: int,
                           matmul_peak=mode == "eager")
     bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=key == "jaxpar-single")
     if key == "jaxpar-ranks":
-        return Point(folder, train_config(config, model, config.rank_strategy, ranks=True), bench,
+        return Point(folder, peer_train_config(config, model, config.rank_strategy, ranks=True), bench,
                      config.ranks)
     # With K steps per dispatch: --iters calls of K steps each (a median of as many samples).
     strategy, devices, chained = ("single", 1, 1) if key == "jaxpar-single" else best
-    return Point(folder, train_config(config, model, strategy, devices, steps_per_dispatch=chained),
+    return Point(folder, peer_train_config(config, model, strategy, devices, steps_per_dispatch=chained),
                  bench)
 
 
@@ -197,11 +199,11 @@ def best_key(best: dict) -> tuple[str, int, int]:
 
 def check_param_counts(config: PeersConfig, models: tuple[str, ...]) -> dict[str, int]:
     """{model: parameters}, the same in jaxpar and its PyTorch twin (ConfigError otherwise)."""
-    from experiments.peers import torch_models
+    from experiments.peers import torch_models  # imports torch: only once it is there
 
     counts = {}
     for model in models:
-        ours = param_count(abstract_model(train_config(config, model, "single").model))
+        ours = param_count(abstract_model(peer_train_config(config, model, "single").model))
         twin = torch_models.param_count(torch_models.make_twin(model))
         if ours != twin:
             raise ConfigError(f"{model}: jaxpar has {ours:,} parameters, its PyTorch twin {twin:,}; "
@@ -217,12 +219,7 @@ def prepass(config: PeersConfig, found: Plan, out: Path) -> None:
         known = [screen_point(config, model, s, n, k) for s, n, k in found.candidates]
         known += [round_point(config, model, key, k) for k in range(config.rounds)
                   for key, _, _ in CONFIGS if key != "jaxpar-best" and key not in found.skipped]
-        for p in known:
-            if isinstance(p, TorchPoint):
-                torch_point.stored(out / p.folder, p)
-            else:
-                points.check(p)
-                points.stored(out / p.folder, p)
+        check_folders(known, out)
 
 
 def screen(config: PeersConfig, found: Plan) -> dict[str, dict]:
@@ -232,7 +229,7 @@ def screen(config: PeersConfig, found: Plan) -> dict[str, dict]:
     best = {}
     for model in found.models:
         planned = [screen_point(config, model, s, n, k) for s, n, k in found.candidates]
-        outcomes = points.run(planned, config.out, config.timeout, keep_going=True)
+        outcomes = points.run_points(planned, config.out, config.timeout, keep_going=True)
         tried = [{"strategy": s, "devices": n, "steps_per_dispatch": k,
                   "images_per_sec": r.metrics["images_per_sec"]}
                  for (s, n, k), r in zip(found.candidates, outcomes) if not isinstance(r, PointError)]
@@ -241,24 +238,24 @@ def screen(config: PeersConfig, found: Plan) -> dict[str, dict]:
         top = max(tried, key=lambda t: t["images_per_sec"])
         best[model] = {**{key: top[key] for key in ("strategy", "devices", "steps_per_dispatch")},
                        "candidates": tried}
-        print(f"best single-process configuration for {model}: {peers_report.describe_best(top)}",
+        print(f"best single-process configuration for {model}: {describe_best(top)}",
               flush=True)
     return best
 
 
-def measure(config: PeersConfig, p: Point | TorchPoint) -> dict:
+def measure_round(config: PeersConfig, p: Point | TorchPoint) -> dict:
     """One configuration of one model, one round, in its own process(es): its round record.
 
     Raises:
       PointError: its process failed or ran past --timeout.
     """
     if isinstance(p, TorchPoint):
-        r = torch_point.run(p, Path(config.out), config.timeout)
+        r = run_torch_point(p, Path(config.out), config.timeout)
         return {"ms": r["median_ms"], "first_step_s": r["first_step_s"], "threads": r["threads"],
                 "processes": r["processes"], "peak_gflops": r["matmul_peak_gflops"],
                 "flops_per_step": None, "param_count": r["param_count"], "torch": r["torch"],
                 "interop_threads": r["interop_threads"], "stage_starts": r["point"].get("stage_starts")}
-    (r,) = points.run([p], config.out, config.timeout, keep_going=True)
+    (r,) = points.run_points([p], config.out, config.timeout, keep_going=True)
     if isinstance(r, PointError):
         raise r
     m, env = r.metrics, r.env
@@ -269,7 +266,7 @@ def measure(config: PeersConfig, p: Point | TorchPoint) -> dict:
             "stage_starts": (r.strategy or {}).get("stage_starts")}
 
 
-def rounds(config: PeersConfig, planned: dict[str, list[str]],
+def interleaved_rounds(config: PeersConfig, planned: dict[str, list[str]],
            point_of: Callable[[str, str, int], Point | TorchPoint]) -> tuple[dict, dict, list[float]]:
     """--rounds passes over every configuration, the order rotated each round.
 
@@ -292,7 +289,7 @@ def rounds(config: PeersConfig, planned: dict[str, list[str]],
                     continue  # failed in an earlier round: it would fail again
                 print(f"round {k + 1}/{config.rounds} {model} {key}", flush=True)
                 try:
-                    rec = measure(config, point_of(model, key, k))
+                    rec = measure_round(config, point_of(model, key, k))
                 except PointError as e:
                     print(f"  failed: {str(e)[-300:]}", flush=True)
                     failed[f"{model} {key}"] = str(e)[-2000:]
@@ -312,11 +309,11 @@ def data_parallel_study(config: PeersConfig, found: Plan, counts: dict, out: Pat
             points.stored(out / f"points/{model}/jaxpar-best/r{k}",
                           round_point(config, model, "jaxpar-best", k, top))
     keys = [key for key, _, _ in CONFIGS if key not in found.skipped]
-    records, failed, load = rounds(config, {m: keys for m in found.models},
+    records, failed, load = interleaved_rounds(config, {m: keys for m in found.models},
                                    lambda m, key, k: round_point(config, m, key, k, best_key(best[m])))
     labels = {key: (framework, what) for key, framework, what in CONFIGS}
     labels["jaxpar-ranks"] = ("jaxpar", f"{config.rank_strategy}, ranks x 1 thread")
-    study = peers_report.study(config, dataclasses.asdict(found), labels, counts, best, records,
+    study = peers_result(config, dataclasses.asdict(found), labels, counts, best, records,
                                failed, load)
     return dataclasses.asdict(study), failed
 
@@ -324,8 +321,8 @@ def data_parallel_study(config: PeersConfig, found: Plan, counts: dict, out: Pat
 def model_parallel_section(config: PeersConfig, keys: list[str], skipped: dict) -> dict:
     """The model-parallel section's interleaved rounds: metrics.model_parallel of peers.json."""
     model = config.mp_model
-    records, failed, load = rounds(config, {model: keys} if keys else {},
-                                   lambda m, key, k: peers_mp.point(config, key, k))
+    records, failed, load = interleaved_rounds(config, {model: keys} if keys else {},
+                                   lambda m, key, k: peers_mp.mp_point(config, key, k))
     return peers_mp.section(config, records.get(model, {}), skipped,
                             {name.split(" ", 1)[1]: why for name, why in failed.items()}, load)
 
@@ -342,25 +339,20 @@ def run(config: PeersConfig) -> list[Path] | None:
     """The sections asked for (data-parallel: screening, then interleaved rounds; model-parallel:
     its own interleaved rounds), then OUT/peers.json, summary.md and peers.png.
     Returns their paths, or None when a point other than torch.compile failed."""
-    found = plan(config)
+    found = resolved_plan(config)
     mp = peers_mp.SECTION in config.sections
-    keys, skipped = peers_mp.plan(config) if mp else ([], {})
+    keys, skipped = peers_mp.mp_plan(config) if mp else ([], {})
     counts = check_param_counts(config, tuple(dict.fromkeys(found.models + ((config.mp_model,) if mp else ()))))
     out = results.ensure_writable(config.out)
     if SECTIONS[0] in config.sections:
         prepass(config, found, out)
-    for p in (peers_mp.point(config, key, k) for key in keys for k in range(config.rounds)):
-        if isinstance(p, TorchPoint):
-            torch_point.stored(out / p.folder, p)
-        else:
-            points.check(p)
-            points.stored(out / p.folder, p)
+    check_folders([peers_mp.mp_point(config, key, k) for key in keys for k in range(config.rounds)], out)
     before = previous(out)
     failed = {}
     if SECTIONS[0] in config.sections:
         data, failed = data_parallel_study(config, found, counts, out)
     else:  # only model parallelism: the data-parallel rows stay as they were (or none yet)
-        data = before or dataclasses.asdict(peers_report.study(
+        data = before or dataclasses.asdict(peers_result(
             config, {"models": [], "candidates": [], "skipped": {}}, {}, {}, {}, {}, {}, []))
     data["metrics"].pop("model_parallel", None)
     if mp:
@@ -370,8 +362,8 @@ def run(config: PeersConfig) -> list[Path] | None:
     elif before and "model_parallel" in before["metrics"]:
         data["metrics"]["model_parallel"] = before["metrics"]["model_parallel"]
     paths = [results.write_atomic(out / "peers.json", results.RunResult(**data).to_json() + "\n"),
-             results.write_atomic(out / "summary.md", peers_report.summary(data)),
-             plots_studies.peers_bars(data, out)]
+             results.write_atomic(out / "summary.md", peers_summary(data)),
+             peers_bars(data, out)]
     print(paths[1].read_text())
     fatal = [name for name in failed if not name.endswith("torch-compile")]
     return None if fatal else paths

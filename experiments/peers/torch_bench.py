@@ -154,7 +154,7 @@ def _rank(rank: int, body, point: TorchPoint, port: int, out: str) -> None:
 
 def ddp_rank(rank: int, point: TorchPoint) -> dict:
     """One DDP rank's measurement: its rows of every global batch."""
-    from torch.nn.parallel import DistributedDataParallel
+    from torch.nn.parallel import DistributedDataParallel  # only a DDP rank needs torch.nn.parallel
 
     model = DistributedDataParallel(torch_models.make_twin(point.model).train())
     opt = make_optimizer(model.parameters(), point)

@@ -36,6 +36,7 @@ TP_PLANS = {"mlp": {"hidden.0": "colwise", "hidden.1": "rowwise"},
 
 def pipeline_rank(rank: int, point: TorchPoint) -> dict:
     """Rank `rank`: stage `rank` of the twin, driven by the point's schedule."""
+    # torch.distributed's pipelining and DTensor: each imported only by the ranks that run it
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     twin = torch_models.make_twin(point.model).train()  # same seed on every rank: same weights
@@ -59,6 +60,7 @@ def pipeline_rank(rank: int, point: TorchPoint) -> dict:
 def tensor_rank(rank: int, point: TorchPoint) -> dict:
     """Rank `rank` of DTensor tensor parallelism over all ranks: TP_PLANS' pair split, the rest
     replicated, every rank the whole global batch."""
+    # DTensor: imported only by the tensor-parallel ranks
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module

@@ -1,28 +1,26 @@
-"""A PyTorch point of the peers study as data, run in its own process and resumed the way
-`experiments.points.points` resumes jaxpar points (this module imports neither torch nor JAX).
+"""A PyTorch point of the peers study as data (this module imports neither torch nor JAX: the
+PyTorch processes read it), and whether a folder holds its result.
 
     python -m experiments.peers.torch_bench OUT/FOLDER/point.json    # runs the point it describes
     python -m experiments.peers.torch_parallel OUT/FOLDER/point.json  # (pipelining, tensor parallelism)
 
-`run` writes OUT/FOLDER/point.json (the settings) and starts `python -m experiments.peers.torch_bench
-OUT/FOLDER/point.json` (`module`), which writes OUT/FOLDER/torch.json recording the settings it ran.
-Before any work the study calls `stored` on every point already in OUT: a complete result of
-the same settings is reused, a damaged one is run again, and one of other settings is refused
-(ConfigError naming the folder).
+`experiments.peers.torch_launch` writes OUT/FOLDER/point.json (the settings) and starts
+`python -m MODULE OUT/FOLDER/point.json` (`module`), which writes OUT/FOLDER/torch.json
+recording the settings it ran. Before any work the study calls `stored_torch_point` on every
+point already in OUT: a complete result of the same settings is reused, a damaged one is run
+again, and one of other settings is refused (ConfigError naming the folder).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from jaxpar import results
 from jaxpar.errors import ConfigError
 
-MODES = ("eager", "compile", "ddp", "gpipe", "1f1b", "tp")
+TORCH_MODES = ("eager", "compile", "ddp", "gpipe", "1f1b", "tp")
 # Modes of `ranks` gloo processes: data parallel, the two pipelining schedules, tensor parallel.
 RANK_MODES = ("ddp", "gpipe", "1f1b", "tp")
 PIPELINE_MODES = ("gpipe", "1f1b")  # torch.distributed.pipelining's ScheduleGPipe, Schedule1F1B
@@ -33,6 +31,8 @@ MODEL_PARALLEL_MODES = ("gpipe", "1f1b", "tp")
 def module(mode: str) -> str:
     """The module whose `python -m` runs a point of `mode`."""
     return "experiments.peers.torch_parallel" if mode in MODEL_PARALLEL_MODES else "experiments.peers.torch_bench"
+
+
 # PyTorch's Adam kernels on CPU, by the study's --adam name: torch.optim.Adam's arguments.
 # Untold, PyTorch picks the for-loop one on CPU.
 ADAM_KERNELS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
@@ -92,7 +92,7 @@ class TorchPoint:
 PIPELINE_FIELDS = ("microbatches", "stage_starts", "cut_channels")
 
 
-def stored(folder: Path, point: TorchPoint) -> dict | None:
+def stored_torch_point(folder: Path, point: TorchPoint) -> dict | None:
     """The complete result in FOLDER if it ran POINT's settings; None when there is none or it
     is damaged (run it again); ConfigError when it ran other settings."""
     try:
@@ -105,23 +105,4 @@ def stored(folder: Path, point: TorchPoint) -> dict | None:
         diff = [f"{k} {have.get(k)} (asked {v})" for k, v in point.settings().items() if have.get(k) != v]
         raise ConfigError(f"{folder} holds a point measured with other settings "
                           f"({', '.join(diff) or have}); pass a fresh --out or delete that folder")
-    return done
-
-
-def run(point: TorchPoint, out: Path, timeout: float) -> dict:
-    """POINT's result: reused from OUT/FOLDER when complete, else measured in its own process.
-
-    Raises:
-      experiments.points.PointError: the process failed or ran past `timeout` seconds.
-    """
-    # Here, not at the top: experiments.points.points imports JAX, and the PyTorch process reads
-    # this module for TorchPoint alone.
-    from experiments.points.points import POINT_FILE, run_point
-
-    folder = out / point.folder
-    done = stored(folder, point)
-    if done is None:
-        path = results.write_atomic(folder / POINT_FILE, point.to_json())
-        run_point([sys.executable, "-m", module(point.mode), str(path)], timeout)
-        done = json.loads((folder / RESULT_FILE).read_text())
     return done

@@ -2,13 +2,13 @@
 point's device or rank count is fixed before JAX starts, and a hang or crash must not take the
 study down with it), resumable, and checked against what the study asks for.
 
-    outcomes = points.run([Point("strong/mlp-single-1", config, BenchOptions(iters=20)), ...],
-                          out="results/scaling", timeout=600)
+    outcomes = points.run_points([Point("strong/mlp-single-1", config, BenchOptions(iters=20)), ...],
+                                 out="results/scaling", timeout=600)
 
-A point goes to its process as data: `run` writes OUT/FOLDER/point.json (the TrainConfig, the
+A point goes to its process as data: `run_points` writes OUT/FOLDER/point.json (the TrainConfig, the
 bench options, the rank count and the study's labels) and starts `python -m experiments.points.run
 OUT/FOLDER` (under `mpiexec -n R` for R ranks), which writes OUT/FOLDER/result.json with those
-settings recorded in its config (`config["point"]`). Before any work, `run` checks every
+settings recorded in its config (`config["point"]`). Before any work, `run_points` checks every
 point already in OUT: a complete result of the same settings is reused, a damaged one is run
 again, and one of other settings is refused (ConfigError naming the folder): a study is never
 a mix of two configurations.
@@ -28,12 +28,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from experiments.options import BenchOptions
+from experiments.points.mpi import mpiexec
 from jaxpar import results
 from jaxpar.config import TrainConfig, from_dict, to_dict
 from jaxpar.errors import ConfigError, ResultsError
 from jaxpar.validate import validate
 
-STOP_GRACE_S = 10  # after SIGTERM, before SIGKILL
+SIGKILL_AFTER_S = 10  # a stopped point's process: after SIGTERM, before SIGKILL
 POINT_FILE = "point.json"
 ROUND = re.compile(r"r\d+")  # a round's folder inside its point's: r0, r1, ...
 
@@ -124,11 +125,11 @@ def refuse_other_rounds(rounds: list[Point], out: str | Path) -> None:
 
 def run_rounds(planned: list[Point], rounds: int, out: str | Path, timeout: float,
                rotate: bool = True, keep_going: bool = False) -> dict[str, list]:
-    """`planned` measured `rounds` times over (`in_rounds`, then `run`), once OUT is known to
+    """`planned` measured `rounds` times over (`in_rounds`, then `run_points`), once OUT is known to
     hold no other rounds of them (`refuse_other_rounds`): {FOLDER: [round 0's, round 1's, ...]}."""
     measured = in_rounds(planned, rounds, rotate)
     refuse_other_rounds(measured, out)
-    return by_point(measured, run(measured, out, timeout, keep_going))
+    return by_point(measured, run_points(measured, out, timeout, keep_going))
 
 
 def rounds_note(rounds: int, what: str) -> str:
@@ -158,19 +159,14 @@ def round_files(folder: Path) -> list[Path]:
     return sorted(found, key=lambda f: int(f.parent.name[1:])) or [folder / results.RESULT_FILE]
 
 
-def mpiexec() -> Path:
-    """The launcher installed with this venv's MPICH (mpi4jax was built against it)."""
-    return Path(sys.executable).parent / "mpiexec"
-
-
-def command(point: Point, folder: Path) -> list[str]:
+def point_command(point: Point, folder: Path) -> list[str]:
     """The process of one point: `python -m experiments.points.run FOLDER`, under mpiexec for R > 1."""
     cmd = [sys.executable, "-m", "experiments.points.run", str(folder)]
     return cmd if (point.ranks or 1) == 1 else [str(mpiexec()), "-n", str(point.ranks), *cmd]
 
 
-def run(points: list[Point], out: str | Path, timeout: float, keep_going: bool = False,
-        launch: Callable[[Point, Path], list[str]] = command) -> list[results.RunResult | PointError]:
+def run_points(points: list[Point], out: str | Path, timeout: float, keep_going: bool = False,
+               launch: Callable[[Point, Path], list[str]] = point_command) -> list[results.RunResult | PointError]:
     """Every point's result, in order: reused when OUT already holds it, else run.
 
     Args:
@@ -178,7 +174,7 @@ def run(points: list[Point], out: str | Path, timeout: float, keep_going: bool =
       timeout: seconds each point's process may run.
       keep_going: a failed point is returned as its PointError and the rest still run
         (False: the first failure raises).
-      launch: the command line of a point's process (default `command`; the network study
+      launch: the command line of a point's process (default `point_command`; the network study
         launches its ranks over emulated hosts).
     Raises:
       ConfigError, before any work, when a point's config cannot run (`jaxpar.validate`) or a
@@ -187,7 +183,7 @@ def run(points: list[Point], out: str | Path, timeout: float, keep_going: bool =
     if len({p.folder for p in points}) < len(points):
         raise ValueError("two points of a study share a folder")
     for point in points:
-        check(point)
+        check_point(point)
     out = results.ensure_writable(out)
     done = [stored(out / p.folder, p) for p in points]
     reused = sum(r is not None for r in done)
@@ -210,7 +206,7 @@ def run(points: list[Point], out: str | Path, timeout: float, keep_going: bool =
     return outcomes
 
 
-def check(point: Point) -> None:
+def check_point(point: Point) -> None:
     """ConfigError naming the point when its config cannot run on its devices or ranks."""
     devices = (point.config.parallel.devices or 1) * (point.ranks or 1)
     try:
@@ -280,7 +276,7 @@ def run_point(cmd: list[str], timeout: float) -> None:
         # their own and would outlive a SIGKILL of mpiexec alone.
         proc.terminate()
         try:
-            proc.communicate(timeout=STOP_GRACE_S)
+            proc.communicate(timeout=SIGKILL_AFTER_S)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()

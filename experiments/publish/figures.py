@@ -10,37 +10,30 @@ missing, or holds no study's results, exits 2.
 
 from __future__ import annotations
 
-import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.publish import plotting as plots
-from experiments.cost import figures as plots_cost
-from experiments.studies.network import figures as plots_network
-from experiments.studies.pipeline import figures as plots_studies
-from experiments.publish import sources
+from experiments.cost import figures as cost_figures
 from experiments.options import option
+from experiments.peers import figures as peers_figures
+from experiments.publish import sources
+from experiments.studies import batch_size
+from experiments.studies.hparam import figures as hparam_figures
+from experiments.studies.machine import figures as machine_figures
+from experiments.studies.network import figures as network_figures
+from experiments.studies.pipeline import figures as pipeline_figures
+from experiments.studies.scaling import figures as scaling_figures
+from experiments.studies.strategies import figures as strategies_figures
+from experiments.studies.time_to_accuracy import figures as time_to_accuracy_figures
 from jaxpar.errors import ResultsError
 
-# (source in experiments.publish.sources, the figures drawn from it: (PNG name, draw function))
-FIGURES = (
-    ("pipeline", (("pipeline_bubble.png", plots_studies.pipeline_bubble),
-                  ("pipeline_schedule.png", plots_studies.pipeline_schedule),
-                  ("pipeline_timeline.png", plots_studies.pipeline_timeline))),
-    ("batch-size", (("batch_size.png", plots_studies.batch_size),)),
-    ("hparam", (("hparam_speedup.png", plots_studies.hparam_speedup),)),
-    ("strategies", (("strategies.png", plots.strategies_bars),)),
-    ("cnn-strategies", (("strategies_cnn.png",
-                         functools.partial(plots.strategies_bars, png="strategies_cnn.png")),)),
-    ("time-to-accuracy", (("time_to_accuracy.png", plots_studies.time_to_accuracy),)),
-    ("peers", (("peers.png", plots_studies.peers_bars),)),
-    ("cost", (("cost_predicted.png", plots_cost.predicted_vs_measured),
-              ("cost_scaling.png", plots_cost.scaling_extrapolated))),
-    ("machines", (("machines.png", plots_studies.machines_speedup),)),
-    ("network", (("network.png", plots_network.network_bandwidth),)),
-    ("scaling", (("scaling_devices.png", None), ("scaling_ranks.png", None))),  # one call draws both
-)
+# Every study's FIGURES: (source in experiments.publish.sources, its figures: (PNG name, draw)),
+# drawn in this order; a draw returns the PNG's path, or None when the file lacks its points.
+FIGURES = (*pipeline_figures.FIGURES, *batch_size.FIGURES, *hparam_figures.FIGURES,
+           *strategies_figures.FIGURES, *time_to_accuracy_figures.FIGURES, *peers_figures.FIGURES,
+           *cost_figures.FIGURES, *machine_figures.FIGURES, *network_figures.FIGURES,
+           *scaling_figures.FIGURES)
 
 
 @dataclass(frozen=True)
@@ -60,22 +53,23 @@ def redraw(data_dir: str | Path, out_dir: str | Path) -> tuple[list[Path], list[
     data_dir, out = Path(data_dir), Path(out_dir)
     absent = [name for name, _ in FIGURES if not sources.present(data_dir, name)]
     if len(absent) == len(FIGURES):
-        lines = "\n  ".join(sources.missing(data_dir, name) for name in absent)
+        lines = "\n  ".join(sources.missing_line(data_dir, name) for name in absent)
         raise ResultsError(f"no results to draw from in {data_dir} (pass --data with the folder the "
                            f"studies wrote to); expected:\n  {lines}")
-    loaded = {name: sources.load(data_dir, name) for name, _ in FIGURES if name not in absent}
+    loaded = {name: sources.load_source(data_dir, name) for name, _ in FIGURES if name not in absent}
     out.mkdir(parents=True, exist_ok=True)
     paths, notes = [], []
     for name, figures in FIGURES:
         if name in absent:
-            notes.append(f"not drawn: {', '.join(png for png, _ in figures)} ({sources.missing(data_dir, name)})")
-        elif name == "scaling":
-            drawn = plots.scaling_figures(loaded[name]["points"], out)
-            paths += drawn
-            notes += [f"not drawn: {png} (no such points under {sources.path_of(data_dir, name)})"
-                      for png, _ in figures if out / png not in drawn]
-        else:
-            paths += [draw(loaded[name], out) for _, draw in figures]
+            notes.append(f"not drawn: {', '.join(png for png, _ in figures)} "
+                         f"({sources.missing_line(data_dir, name)})")
+            continue
+        for png, draw in figures:
+            path = draw(loaded[name], out)
+            if path is None:
+                notes.append(f"not drawn: {png} (no such points under {sources.path_of(data_dir, name)})")
+            else:
+                paths.append(path)
     return paths, notes
 
 

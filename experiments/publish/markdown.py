@@ -1,4 +1,4 @@
-"""Markdown cells and tables for the results tables (`experiments.publish.tables`, `tables_cost`)."""
+"""Markdown tables and cells for the generated tables (every study's tables module)."""
 
 from __future__ import annotations
 
@@ -21,3 +21,10 @@ def num(x: float | None, digits: int = 0) -> str:
 
 def mb(x: float | None) -> str:
     return DASH if x is None else f"{x / 1e6:,.1f}"
+
+
+def theory_total(theory: Any) -> int | None:
+    """A result's collective-bytes theory as one number (None: no closed form)."""
+    if isinstance(theory, dict):
+        return theory.get("total")
+    return theory

@@ -1,8 +1,8 @@
 """The committed results every published table and figure is drawn from, and the command that
-writes each: one list, read by `figures` (experiments/publish/plotting.py) and `report`
+writes each: one list, read by `figures` (experiments/publish/figures.py) and `report`
 (experiments/publish/report.py), so a missing file is named with the command that makes it.
 
-    study = load(Path("figures/data"), "pipeline")   # the RunResult as a dict, or ResultsError
+    study = load_source(Path("figures/data"), "pipeline")   # the RunResult as a dict, or ResultsError
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def path_of(data_dir: Path, name: str) -> Path:
     return Path(data_dir) / SOURCES[name].path
 
 
-def command(data_dir: Path, name: str) -> str:
+def source_command(data_dir: Path, name: str) -> str:
     """The command that writes source `name` under `data_dir`."""
     path = path_of(data_dir, name)
     out = str(path.parent if SOURCES[name].kind else path).replace("*", "NAME")
@@ -68,9 +68,9 @@ def files(data_dir: Path, name: str) -> list[Path]:
     return sorted(Path(data_dir).glob(SOURCES[name].path))
 
 
-def missing(data_dir: Path, name: str) -> str:
+def missing_line(data_dir: Path, name: str) -> str:
     """One line naming the absent file and the command that writes it."""
-    return f"no {path_of(data_dir, name)}; {command(data_dir, name)} writes it"
+    return f"no {path_of(data_dir, name)}; {source_command(data_dir, name)} writes it"
 
 
 def present(data_dir: Path, name: str) -> bool:
@@ -80,7 +80,7 @@ def present(data_dir: Path, name: str) -> bool:
     return path.is_dir() if not SOURCES[name].kind else path.is_file()
 
 
-def load(data_dir: Path, name: str) -> dict[str, Any]:
+def load_source(data_dir: Path, name: str) -> dict[str, Any]:
     """Source `name` under `data_dir` as {'config', 'env', 'metrics', 'strategy', 'history'};
     a folder of points (scaling) as {'points': speedup.load_points(...)}; a file per machine
     (a * in its path) as {'machines': [one such dict per file]}.
@@ -90,12 +90,12 @@ def load(data_dir: Path, name: str) -> dict[str, Any]:
         holds another kind of result.
     """
     if not present(data_dir, name):
-        raise ResultsError(missing(data_dir, name))
+        raise ResultsError(missing_line(data_dir, name))
     path, kind = path_of(data_dir, name), SOURCES[name].kind
     if not kind:
         points = speedup.load_points(path)
         if not points:
-            raise ResultsError(f"no {results.RESULT_FILE} under {path}; {command(data_dir, name)} writes them")
+            raise ResultsError(f"no {results.RESULT_FILE} under {path}; {source_command(data_dir, name)} writes them")
         return {"points": points, "files": sorted(path.rglob(results.RESULT_FILE))}
     if "*" in SOURCES[name].path:  # one file per machine
         found = files(data_dir, name)
@@ -107,7 +107,7 @@ def _load_file(path: Path, kind: str, data_dir: Path, name: str) -> dict[str, An
     try:
         result = results.load(path)
     except ResultsError as e:
-        raise ResultsError(f"{e}; {command(data_dir, name)} writes it anew") from None
+        raise ResultsError(f"{e}; {source_command(data_dir, name)} writes it anew") from None
     if result.kind != kind:
         raise ResultsError(f"{path} holds a {result.kind!r} result, not {kind!r}")
     return {"config": result.config, "env": result.env, "metrics": result.metrics,

@@ -13,6 +13,9 @@ Everything is seeded, so a re-run gives the same steps exactly.
     python -m experiments batch-size --quick --out /tmp/bs          # seconds, synthetic data
     python -m experiments batch-size --out figures/data/batch_size  # ~1 h on 2 cores
 
+Writes OUT/result.json; its table (`batch_size_table`), regimes (`scaling_regimes`) and figure
+(`batch_size_figure`) are drawn from that file alone.
+
 The default full run uses an MLP (784-256-10), not the paper's simple CNN: on 2 CPU cores the
 CNN would take many hours over this batch-size range. An MLP cannot reach the CNN's 0.10
 validation error on Fashion-MNIST within a short budget, so the default target is 0.12.
@@ -32,8 +35,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import options
-from experiments.studies import trials
 from experiments.options import option
+from experiments.publish import sources
+from experiments.publish.markdown import DASH, markdown, num
+from experiments.publish.plotting import legend_below, pyplot, save
+from experiments.studies import trials
 from experiments.studies.study import Study, at_least
 from jaxpar import results
 from jaxpar.config import DataConfig
@@ -151,7 +157,7 @@ def run_batch_size(splits: Splits, batch: int, grid: list[tuple[float, float]],
     return row
 
 
-def plan(config: BatchSizeConfig) -> tuple[list[int], list[tuple[float, float]]]:
+def sizes_and_grid(config: BatchSizeConfig) -> tuple[list[int], list[tuple[float, float]]]:
     """(batch sizes, the (lr, momentum) grid); checks the options before any work."""
     lo, hi = (3, 14) if config.full_range else (4, 12)
     sizes = list(config.batch_sizes or [2 ** k for k in range(lo, hi + 1)])
@@ -175,7 +181,7 @@ def _splits(config: BatchSizeConfig, largest: int) -> Splits:
 
 def run(config: BatchSizeConfig) -> list[Path]:
     """Every batch size, smallest first; writes OUT/result.json (RunResult, kind 'batch-size')."""
-    sizes, grid = plan(config)
+    sizes, grid = sizes_and_grid(config)
     out = results.ensure_writable(config.out)  # fail before the work, not after it
     splits = _splits(config, max(sizes))
     n = len(splits.train[1])
@@ -189,6 +195,101 @@ def run(config: BatchSizeConfig) -> list[Path]:
     path = results.save(result, out)
     print(f"wrote {path}")
     return [path]
+
+
+REGIMES = {"perfect scaling": "#d8f3dc", "diminishing returns": "#fff3b0",
+           "maximal data parallelism": "#ffd6d6", "unclassified": "#ffffff"}
+
+
+def scaling_regimes(batch_sizes: list[int], steps: list[int], slack: float = 1.25) -> list[str]:
+    """Shallue et al.'s regime of each point, judged against the whole curve (so one noisy
+    point does not flip it). Perfect scaling: a point whose examples used (steps x B) are
+    within `slack` of the fewest any batch size needed, up to the last such point; a point
+    before that needing more is 'unclassified' (not perfect, and no regime of the paper).
+    After it, maximal data parallelism once the steps no longer fall below 0.9x the fewest
+    of any smaller batch, and diminishing returns before that. The paper names the regimes
+    by eye; these thresholds are ours."""
+    examples = [s * b for s, b in zip(steps, batch_sizes)]
+    within = [e <= slack * min(examples) for e in examples]
+    knee = max(i for i, ok in enumerate(within) if ok)
+    out = []
+    for i, s in enumerate(steps):
+        if i <= knee:
+            out.append("perfect scaling" if within[i] else "unclassified")
+        elif s >= 0.9 * min(steps[:i]):
+            out.append("maximal data parallelism")
+        else:
+            out.append("diminishing returns")
+    return out
+
+def batch_size_table(data_dir: Path) -> str:
+    r = sources.load_source(data_dir, "batch-size")
+    rows, target = r["metrics"]["rows"], r["metrics"]["target_error"]
+    reached = [x for x in rows if x["reached"]]
+    regimes = dict(zip([x["batch_size"] for x in reached],
+                       scaling_regimes([x["batch_size"] for x in reached], [x["steps"] for x in reached])))
+    fewest = min(x["examples"] for x in reached)
+    lr = lambda x: f"2^{round(math.log2(x['best_lr']))}"  # noqa: E731
+    return markdown(
+        ["batch size", *[x["batch_size"] for x in rows]],
+        [[f"steps to {target:g} error", *[num(x["steps"]) if x["reached"] else "not reached" for x in rows]],
+         ["examples (k)", *[num(x["examples"] / 1e3) if x["reached"] else DASH for x in rows]],
+         ["examples / fewest", *[f"{x['examples'] / fewest:.2f}" if x["reached"] else DASH for x in rows]],
+         ["regime", *[regimes.get(x["batch_size"], DASH) for x in rows]],
+         ["best lr (momentum)", *[f"{lr(x)} ({x['best_momentum']:g})" if x["reached"] else DASH for x in rows]]])
+
+
+def batch_size_figure(result: dict, out: Path) -> Path:
+    """Steps and examples to the target validation error against batch size (log-log), with
+    the perfect-scaling line through the fewest examples, the 1.25x band that defines the
+    perfect regime, and each point's regime shaded (`scaling_regimes`)."""
+    plt = pyplot()
+    rows = [r for r in result["metrics"]["rows"] if r["reached"]]
+    cfg, env = result["config"], result["env"]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    if rows:
+        bs, steps = [r["batch_size"] for r in rows], [r["steps"] for r in rows]
+        regimes = scaling_regimes(bs, steps)
+        edges = [bs[0] / 2 ** 0.5] + [(a * b) ** 0.5 for a, b in zip(bs, bs[1:])] + [bs[-1] * 2 ** 0.5]
+        for a in (ax, ax2):
+            for lo, hi, name in zip(edges, edges[1:], regimes):
+                a.axvspan(lo, hi, color=REGIMES[name], zorder=0)
+        fewest = min(s * b for s, b in zip(steps, bs))
+        ax.plot(bs, [fewest / b for b in bs], "k--", lw=1)
+        ax.plot(bs, steps, "o-", color="C0")
+        ax2.plot(bs, [r["examples"] for r in rows], "o-", color="C0")
+        ax2.axhline(fewest, color="k", ls="--", lw=1)
+        ax2.axhline(1.25 * fewest, color="k", ls=":", lw=1)
+        for b, e in zip(bs, (r["examples"] for r in rows)):
+            ax2.annotate(f"{e / fewest:.2f}x", (b, e), textcoords="offset points", xytext=(0, 6),
+                         ha="center", fontsize=7)
+    missed = [r["batch_size"] for r in result["metrics"]["rows"] if not r["reached"]]
+    for a in (ax, ax2):
+        a.set_xscale("log", base=2)
+        a.set_yscale("log")
+        a.set_xlabel("batch size")
+    ax.set_title("Steps to the target", fontsize=10)
+    ax.set_ylabel(f"steps to {result['metrics']['target_error']:.2f} validation error")
+    ax2.set_title("Examples to the target (x the fewest)", fontsize=10)
+    ax2.set_ylabel("examples (steps x batch size)")
+    handles = [plt.Line2D([], [], color="C0", marker="o", label="measured (best trial of the grid)"),
+               plt.Line2D([], [], color="k", ls="--", label="perfect scaling (fewest examples)"),
+               plt.Line2D([], [], color="k", ls=":", label="1.25x the fewest: perfect-regime cut-off")]
+    used = list(dict.fromkeys(regimes)) if rows else []
+    handles += [plt.Rectangle((0, 0), 1, 1, fc=REGIMES[n], ec="0.7", label=n) for n in used]
+    model = cfg["model"]
+    if model == "mlp":
+        model += f" {cfg.get('width', '')}x{cfg.get('depth', '')}"
+    note = f"; not reached within budget: {missed}" if missed else ""
+    fig.suptitle(f"{cfg['dataset']}, {model}, momentum SGD, {len(cfg['trials'])} (lr, momentum) trials per "
+                 f"batch size; {env.get('cpu_cores', '?')} CPU cores{note}", fontsize=10)
+    fig.tight_layout()
+    legend_below(fig, handles, [h.get_label() for h in handles], ncol=4)
+    return save(fig, out / "batch_size.png")
+
+
+TABLES = {"batch-size": batch_size_table}
+FIGURES = (("batch-size", (("batch_size.png", batch_size_figure),)),)
 
 
 STUDY = Study("batch-size", "steps to a target validation error vs batch size (Shallue et al. 2018), "

@@ -16,7 +16,7 @@ and 54.4 ms in two runs), far more than the steps within one process do.
 
 Writes OUT/points/<devices>/<label>/r<k>/result.json and OUT/bounds.json (rows: devices,
 strategy, schedule, ms/step (median over rounds) and each round's, ratio to single, limit,
-met, bubble, implementation).
+met, bubble, implementation); its table in the docs is `bounds_table`.
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments import options
-from experiments.points import points
 from experiments.options import BenchOptions, option
+from experiments.points import points
 from experiments.points.points import Point
+from experiments.publish import sources
+from experiments.publish.markdown import DASH, markdown, num
 from experiments.studies.study import Study, at_least
 from jaxpar import results
 from jaxpar.config import TrainConfig, with_options
@@ -63,7 +65,7 @@ QUICK = dataclasses.replace(BoundsConfig(), model="stack-mlp", width=32, depth=2
                             batch_size=32, microbatches=4, iters=3, warmup=1, rounds=1, timeout=120)
 
 
-def point(config: BoundsConfig, devices: int, label: str, strategy: str, schedule: str | None) -> Point:
+def case_point(config: BoundsConfig, devices: int, label: str, strategy: str, schedule: str | None) -> Point:
     sizes = {k: getattr(config, k) for k in ("width", "depth")
              if k in takes(config.model) and getattr(config, k) is not None}
     staged = strategy in ("pipeline", "gems")
@@ -76,22 +78,22 @@ def point(config: BoundsConfig, devices: int, label: str, strategy: str, schedul
     return Point(f"points/{devices}/{label.replace(' ', '-')}", train, bench)
 
 
-def plan(config: BoundsConfig) -> list[tuple[int, str, Point, float | None]]:
+def bounds_points(config: BoundsConfig) -> list[tuple[int, str, Point, float | None]]:
     """(devices, label, point, limit) with `single` first at each device count."""
     at_least(config, 1, "batch_size", "iters", "microbatches", "rounds")
     at_least(config, 2, "device_counts")
     out = []
     for n in config.device_counts:
-        out.append((n, "single", point(config, n, "single", "single", None), None))
-        out += [(n, label, point(config, n, label, strategy, schedule), limits.get(n, limits[max(limits)]))
+        out.append((n, "single", case_point(config, n, "single", "single", None), None))
+        out += [(n, label, case_point(config, n, label, strategy, schedule), limits.get(n, limits[max(limits)]))
                 for label, strategy, schedule, limits in CASES]
     for _, _, p, _ in out:
-        points.check(p)
+        points.check_point(p)
     return out
 
 
 def run(config: BoundsConfig) -> list[Path]:
-    planned = plan(config)
+    planned = bounds_points(config)
     # in the planned order every round: `single` first at each device count
     outcomes = points.run_rounds([p for _, _, p, _ in planned], config.rounds, config.out,
                                  config.timeout, rotate=False)
@@ -118,6 +120,20 @@ def run(config: BoundsConfig) -> list[Path]:
     path = results.write_atomic(Path(config.out) / "bounds.json", study.to_json() + "\n")
     print(f"wrote {path}")
     return [path]
+
+
+def bounds_table(data_dir: Path) -> str:
+    """Each model-parallel strategy's step against single's of the same run and device count."""
+    rows = sources.load_source(data_dir, "bounds")["metrics"]["rows"]
+    met = lambda r: DASH if r["met"] is None else ("yes" if r["met"] else "**no**")  # noqa: E731
+    return markdown(
+        ["devices", "strategy", "formulation", "ms/step", "x single", "limit", "within", "schedule's bubble"],
+        [[r["devices"], r["label"], r["implementation"] or DASH, num(r["ms_per_step"], 1),
+          num(r["ratio"], 2), DASH if r["limit"] is None else f"{r['limit']}x", met(r),
+          DASH if r["bubble_fraction"] is None else f"{r['bubble_fraction']:.0%}"] for r in rows])
+
+
+TABLES = {"bounds": bounds_table}
 
 
 STUDY = Study("bounds", "each model-parallel strategy's step (pipeline gpipe/1f1b, gems, tensor) "

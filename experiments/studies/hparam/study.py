@@ -30,7 +30,8 @@ configurations.
     python -m experiments hparam --search random --trials 16 --epochs 1,2,4 --momenta 0.9 \
         --out /tmp/hparam-epochs                              # epochs and learning rate
 
-Writes OUT/hparam.json (RunResult, kind 'hparam'), atomically.
+Writes OUT/hparam.json (RunResult, kind 'hparam'), atomically; its table and figure
+(tables.py, figures.py) are drawn from that file alone.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ QUICK = dataclasses.replace(HparamConfig(), dataset="synthetic", lrs=(0.03, 0.1)
                             steps=10, batch_size=32, val_size=1000)
 
 
-def plan(config: HparamConfig) -> tuple[list[tuple], list[tuple[int, int]]]:
+def trials_and_groups(config: HparamConfig) -> tuple[list[tuple], list[tuple[int, int]]]:
     """(trials [(seed, lr, momentum, epochs or None)], groups [(width, depth)]); checks
     options before any work."""
     distinct(config, "lrs", "momenta", "seeds", "widths", "depths", "epochs")
@@ -247,7 +248,7 @@ def _listed(a: np.ndarray) -> list:
     return np.where(np.isnan(a), None, a).tolist()
 
 
-def group(grid, width: int, depth: int, batches, val, mesh, steps: list[int]) -> dict:
+def search_group(grid, width: int, depth: int, batches, val, mesh, steps: list[int]) -> dict:
     """Both ways for one (width, depth): times, differences, best trials, loss curves."""
     par = search(grid, width, depth, batches, val, mesh, vmapped=True, steps=steps)
     seq = search(grid, width, depth, batches, val, None, vmapped=False, steps=steps)
@@ -309,7 +310,7 @@ def _overall(groups: list[dict]) -> tuple[dict, dict]:
 
 def run(config: HparamConfig) -> list[Path]:
     """Both ways per (width, depth) group; write OUT/hparam.json; return its path."""
-    grid, shapes = plan(config)
+    grid, shapes = trials_and_groups(config)
     out = results.ensure_writable(config.out)  # fail before the work, not after it
     simulate_cpu_devices(config.devices)  # before JAX's backend starts
     n_dev = len(jax.devices())
@@ -326,7 +327,7 @@ def run(config: HparamConfig) -> list[Path]:
           f"{config.val_size} validation); vmapped trial axis over {n_dev} device(s)", flush=True)
     groups = []
     for width, depth in shapes:
-        groups.append(group(grid, width, depth, batches, val, mesh, steps))
+        groups.append(search_group(grid, width, depth, batches, val, mesh, steps))
         _report(groups[-1])
     best, best_mean = _overall(groups)
     record = {**dataclasses.asdict(config), "trial_list": [t[:3] for t in grid], "groups": shapes,

@@ -1,4 +1,4 @@
-"""The machine command's rows, results file and markdown table, from its points' results.
+"""The machine command's rows and results file, from its points' results (its tables: tables.py).
 
     python -m experiments machine --quick --out /tmp/machine   # writes OUT/machine.json, OUT/summary.md
 
@@ -66,29 +66,13 @@ def with_speedups(records: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: (order[r["model"]], PARTS.index(r["part"]), r["workers"]))
 
 
-def study(config, records: list[dict], env: dict, skipped: dict, failed: dict) -> results.RunResult:
+def machine_result(config, records: list[dict], env: dict, skipped: dict, failed: dict) -> results.RunResult:
     """The RunResult of machine.json: the probe's env (PyTorch's version added), the rows."""
     torch = next((r["torch"] for r in records if r.get("torch")), None)
     return results.RunResult(kind="machine", config=dataclasses.asdict(config),
                              env={**env, "torch": torch},
                              metrics={"rows": with_speedups(records), "skipped": skipped,
                                       "failed": failed})
-
-
-def cpu_name(env: dict, cores: int) -> str:
-    """'16-core x86_64 CPU' from a result's env."""
-    arch = env.get("platform", "").split("-with")[0].rsplit("-", 1)[-1] or "?"
-    return f"{cores}-core {arch} CPU"
-
-
-def machine_name(env: dict, cores_key: str = "cores_available") -> str:
-    """'16-core x86_64 CPU' or '1 x NVIDIA H100 80GB HBM3 (16-core x86_64 CPU)', from a
-    result's env; `cores_key`: the cores the process could use, or (`cpu_cores`) the machine's
-    (a pinned rank's env can use one)."""
-    cpu = cpu_name(env, env[cores_key])
-    if env["backend"] == "cpu":
-        return cpu
-    return f"{env['local_device_count']} x {env['device_kind']} ({cpu})"
 
 
 def load_words(data: dict) -> str:
@@ -98,29 +82,3 @@ def load_words(data: dict) -> str:
         return "load not recorded"
     return (f"1-minute load average {min(loads):.1f}-{max(loads):.1f} on "
             f"{data['env']['cores_available']} cores")
-
-
-def _cell(x, fmt: str) -> str:
-    return "–" if x is None else format(x, fmt)
-
-
-def summary(data: dict) -> str:
-    """Markdown: every row of one machine.json dict, then what was skipped or failed."""
-    env = data["env"]
-    lines = [f"{machine_name(env)}; {env['backend']} backend, jax {env['jax']}, flax {env['flax']}"
-             + (f", torch {env['torch']}" if env.get("torch") else "") + f"; {load_words(data)} "
-             "before the points.", "",
-             "| model | part | framework | strategy | devices | ranks | threads/process | global batch "
-             "| ms/step | images/s | speed-up | efficiency | % of matmul peak |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in data["metrics"]["rows"]:
-        lines.append(f"| {r['model']} | {r['part']} | {r['framework']} | {r['strategy']} | "
-                     f"{r['devices']} | {r['ranks']} | {r['threads_per_process']} | {r['batch']} | "
-                     f"{r['ms']:.2f} | {r['images_per_sec']:,.0f} | {_cell(r['speedup'], '.2f')} | "
-                     f"{_cell(r['efficiency'], '.2f')} | {_cell(r['percent_of_peak'], '.1f')} |")
-    lines.append("\nSpeed-up: one-device rows over PyTorch eager on the same device; devices and "
-                 "ranks over one worker (one device, one XLA thread on a CPU), weak scaling.")
-    for kind in ("skipped", "failed"):
-        for what, why in data["metrics"][kind].items():
-            lines.append(f"\n{kind}: {what}: {why.strip().splitlines()[-1] if why.strip() else why}")
-    return "\n".join(lines) + "\n"

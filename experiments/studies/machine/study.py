@@ -12,7 +12,7 @@ Synthetic data; needs jax, flax, optax, numpy and rich only, and uses what else 
   - MPI ranks 1, 2, 4, ... up to the cores (--rank-strategy, one pinned thread each), when
     mpi4jax and mpiexec are installed and the backend is the CPU;
   - the device, cores and versions (each point's `env`).
-Every point runs in its own process (experiments.points.points, experiments.peers.torch_point), so a
+Every point runs in its own process (experiments.points, experiments.peers.torch_launch), so a
 stopped run resumes; points are run in the order above, each within what is left of
 --budget, and those that would start past it are listed as skipped. Writes OUT/machine.json
 (RunResult kind "machine": one row per point, speed-ups over each part's 1-device or 1-rank
@@ -28,19 +28,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments import options
-from experiments.studies.machine import rows as machine_rows
-from experiments.points import points
-from experiments.points import mpi as rank_scaling
-from experiments.peers import torch_point
 from experiments.options import BenchOptions, option
+from experiments.peers.torch_launch import check_folders, run_torch_point
+from experiments.peers.torch_point import TorchPoint, stored_torch_point
+from experiments.points import points
+from experiments.points.mpi import check_ranks, places_model
 from experiments.points.points import Point, PointError
+from experiments.studies.machine import rows as machine_rows
+from experiments.studies.machine.tables import machine_summary
 from experiments.studies.study import Study, at_least, distinct
-from experiments.peers.torch_point import TorchPoint
-from jaxpar.runtime import optional
 from jaxpar import results
 from jaxpar.config import TrainConfig, with_options
 from jaxpar.errors import ConfigError
 from jaxpar.parallel import STRATEGIES
+from jaxpar.runtime import optional
 
 # A point is started only with at least this much of the budget left (process start, compile).
 MIN_POINT_S = 10
@@ -83,7 +84,7 @@ QUICK = dataclasses.replace(MachineConfig(), budget=600, models=("mlp",), width=
                             matmul_peak=False, timeout=300)
 
 
-def check(config: MachineConfig) -> None:
+def check_options(config: MachineConfig) -> None:
     """Every option, before any work (ConfigError naming the flag)."""
     at_least(config, 1, "batch_size", "iters", "budget", "timeout")
     at_least(config, 0, "warmup")
@@ -108,7 +109,7 @@ def powers_to(n: int) -> tuple[int, ...]:
     return tuple(counts + [n])
 
 
-def train_config(config: MachineConfig, model: str, strategy: str, devices: int, workers: int,
+def machine_train_config(config: MachineConfig, model: str, strategy: str, devices: int, workers: int,
                  one_thread: bool) -> TrainConfig:
     """What a point runs: synthetic data, --batch-size per worker (device or rank)."""
     return with_options(TrainConfig(), dataset="synthetic", model=model, width=config.width,
@@ -119,7 +120,7 @@ def train_config(config: MachineConfig, model: str, strategy: str, devices: int,
 def one_device(config: MachineConfig, model: str) -> Point:
     # The machine's matmul peak once, with the MLP.
     bench = BenchOptions(config.iters, config.warmup, matmul_peak=config.matmul_peak and model == PROBE_MODEL)
-    return Point(f"one-device/{model}", train_config(config, model, "single", 1, 1, False), bench,
+    return Point(f"one-device/{model}", machine_train_config(config, model, "single", 1, 1, False), bench,
                  labels={"part": "one-device"})
 
 
@@ -127,7 +128,7 @@ def device_point(config: MachineConfig, model: str, n: int, cpu: bool) -> Point:
     """n devices of --strategy (1: `single`); on a CPU each simulated device one thread."""
     strategy = "single" if n == 1 else config.strategy
     bench = BenchOptions(config.iters, config.warmup, matmul_peak=False)
-    return Point(f"devices/{model}-{strategy}-{n}", train_config(config, model, strategy, n, n, cpu),
+    return Point(f"devices/{model}-{strategy}-{n}", machine_train_config(config, model, strategy, n, n, cpu),
                  bench, labels={"part": "devices"})
 
 
@@ -135,7 +136,7 @@ def rank_point(config: MachineConfig, model: str, r: int) -> Point:
     """r single-threaded ranks of --rank-strategy (1: one `single` process, no launcher)."""
     strategy = "single" if r == 1 else config.rank_strategy
     bench = BenchOptions(config.iters, config.warmup, matmul_peak=False)
-    return Point(f"ranks/{model}-{strategy}-r{r}", train_config(config, model, strategy, 1, r, True),
+    return Point(f"ranks/{model}-{strategy}-r{r}", machine_train_config(config, model, strategy, 1, r, True),
                  bench, r, labels={"part": "ranks"})
 
 
@@ -151,13 +152,13 @@ def ranks_or_why(config: MachineConfig, cpu: bool, cores: int) -> tuple[tuple[in
         return (), "the backend is not the CPU (a rank per core measures CPU cores)"
     ranks = config.ranks or powers_to(cores)
     try:
-        rank_scaling.check((config.rank_strategy,), ranks, config.models)
+        check_ranks((config.rank_strategy,), ranks, config.models)
     except ConfigError as e:  # mpi4jax or mpiexec missing: the rest still runs
         return (), str(e)
     return ranks, None
 
 
-def plan(config: MachineConfig, probe: results.RunResult) -> tuple[list[Point | TorchPoint], dict]:
+def machine_points(config: MachineConfig, probe: results.RunResult) -> tuple[list[Point | TorchPoint], dict]:
     """Every point after the probe, in the order they run, and {part: why it is skipped}."""
     env = probe.env
     cpu = env["backend"] == "cpu"
@@ -182,18 +183,18 @@ def plan(config: MachineConfig, probe: results.RunResult) -> tuple[list[Point | 
     if why:
         skipped["ranks"] = why
     planned += [rank_point(config, m, r) for r in ranks if r > 1 for m in config.models
-                if rank_scaling.takes(config.rank_strategy, m)]
+                if places_model(config.rank_strategy, m)]
     return planned, skipped
 
 
-def measure(config: MachineConfig, planned: list, deadline: float) -> tuple[list[dict], dict, dict]:
+def measure_points(config: MachineConfig, planned: list, deadline: float) -> tuple[list[dict], dict, dict]:
     """Run each point while the budget lasts. Returns (records, {folder: why it failed},
     {folder: why not measured} for those not started or stopped by the budget)."""
     records, failed, unstarted = [], {}, {}
     out = Path(config.out)
     for p in planned:
         left = deadline - time.monotonic()
-        done = (torch_point.stored if isinstance(p, TorchPoint) else points.stored)(out / p.folder, p)
+        done = (stored_torch_point if isinstance(p, TorchPoint) else points.stored)(out / p.folder, p)
         if left < MIN_POINT_S and done is None:  # a point measured before costs nothing
             unstarted[p.folder] = f"not started: {config.budget} s budget spent"
             continue
@@ -202,10 +203,10 @@ def measure(config: MachineConfig, planned: list, deadline: float) -> tuple[list
         try:
             if isinstance(p, TorchPoint):
                 print(f"{p.folder}: PyTorch {p.mode} on {p.device}", flush=True)
-                records.append(machine_rows.torch_record(p, torch_point.run(p, out, limit), load))
+                records.append(machine_rows.torch_record(p, run_torch_point(p, out, limit), load))
                 print(f"  {records[-1]['ms']:.2f} ms/step", flush=True)
             else:
-                (r,) = points.run([p], out, limit)
+                (r,) = points.run_points([p], out, limit)
                 records.append(machine_rows.jaxpar_record(p, r, load))
         except PointError as e:
             if time.monotonic() >= deadline:  # stopped by the budget, not broken
@@ -220,23 +221,18 @@ def measure(config: MachineConfig, planned: list, deadline: float) -> tuple[list
 def run(config: MachineConfig) -> list[Path] | None:
     """The probe, every planned point within --budget, then OUT/machine.json and summary.md.
     Returns their paths, or None when a point failed."""
-    check(config)
+    check_options(config)
     deadline = time.monotonic() + config.budget
     out = results.ensure_writable(config.out)
     load = os.getloadavg()[0]
-    (probe,) = points.run([one_device(config, PROBE_MODEL)], out, min(config.timeout, config.budget))
-    planned, skipped = plan(config, probe)
-    for p in planned:  # a folder of other settings is refused before any more work
-        if isinstance(p, TorchPoint):
-            torch_point.stored(out / p.folder, p)
-        else:
-            points.check(p)
-            points.stored(out / p.folder, p)
-    records, failed, unstarted = measure(config, planned, deadline)
+    (probe,) = points.run_points([one_device(config, PROBE_MODEL)], out, min(config.timeout, config.budget))
+    planned, skipped = machine_points(config, probe)
+    check_folders(planned, out)  # a folder of other settings is refused before any more work
+    records, failed, unstarted = measure_points(config, planned, deadline)
     records.insert(0, machine_rows.jaxpar_record(one_device(config, PROBE_MODEL), probe, load))
-    study = machine_rows.study(config, records, probe.env, {**skipped, **unstarted}, failed)
+    study = machine_rows.machine_result(config, records, probe.env, {**skipped, **unstarted}, failed)
     paths = [results.write_atomic(out / "machine.json", study.to_json() + "\n"),
-             results.write_atomic(out / "summary.md", machine_rows.summary(dataclasses.asdict(study)))]
+             results.write_atomic(out / "summary.md", machine_summary(dataclasses.asdict(study)))]
     print(paths[1].read_text())
     return None if failed else paths
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from experiments.studies.network.rows import crossing_words, crossover_words
 from experiments.publish.plotting import legend_below, pyplot, save, strategy_style
+from experiments.studies.network.rows import crossing_words, crossover_words
 
 
 def _mark(ax, crossing: dict, text: str, y: float, color: str) -> None:
@@ -73,3 +73,6 @@ def network_bandwidth(data: dict, out: Path) -> Path:
     legend_below(fig, list(legend.values()), list(legend), ncol=3)
     fig.tight_layout()
     return save(fig, out / "network.png")
+
+
+FIGURES = (("network", (("network.png", network_bandwidth),)),)

@@ -2,7 +2,6 @@
 compute / exposed-communication split, and the crossovers its figure names.
 
     metrics = analyse([(point, result), ...])   # {'rows', 'references', 'crossovers'}
-    summary(network_json_dict)                  # markdown
 
 Bytes on the wire are host 0's `eth0` counters over the timed steps (bench's `wire`), per
 step, headers aside: each counted packet's Ethernet + IPv4 + TCP-with-timestamps headers
@@ -24,7 +23,6 @@ import math
 from typing import Any
 
 from experiments.infra.cluster import rate_bits
-from jaxpar.parallel import STRATEGIES
 
 HEADER_BYTES = 14 + 20 + 32  # Ethernet, IPv4, TCP with timestamps (as tests/mpi/test_wire_bytes.py)
 UNLIMITED = "unlimited"
@@ -63,7 +61,7 @@ def _per_step(wire: dict, direction: str) -> float:
     return payload / wire["steps"]
 
 
-def row(point, result) -> dict[str, Any]:
+def link_row(point, result) -> dict[str, Any]:
     """One point's row: link, step, images/s, wire bytes per step and theory."""
     m, labels = result.metrics, point.labels
     strategy = point.config.parallel.strategy
@@ -88,7 +86,7 @@ def row(point, result) -> dict[str, Any]:
 def analyse(done: list) -> dict[str, Any]:
     """{'rows': one per multi-host point with vs_one_host, compute_ms, exposed_comm_ms and
     link_ms; 'references': one per model; 'crossovers': per model (see `crossovers`)}."""
-    all_rows = [row(p, r) for p, r in done]
+    all_rows = [link_row(p, r) for p, r in done]
     refs = {r["model"]: r for r in all_rows if r["bandwidth"] is None}
     rows = [r for r in all_rows if r["bandwidth"] is not None]
     compute = {(r["model"], r["strategy"]): r["ms_per_step"] for r in rows if r["bandwidth"] == UNLIMITED}
@@ -186,48 +184,3 @@ def crossover_words(c: dict) -> list[str]:
             lines.append("the best of 2 hosts and one host change places "
                          + ", then ".join(crossing_words(x) for x in at))
     return lines
-
-
-def _mb(x: float | None) -> str:
-    return "–" if x is None else f"{x / 1e6:,.2f}"
-
-
-def _ms(x: float | None) -> str:
-    return "–" if x is None else f"{x:,.1f}"
-
-
-def table(metrics: dict) -> str:
-    """One row per (model, strategy, bandwidth), the one-host reference per model first."""
-    lines = ["| model | strategy | sends | link | ms/step | images/s | x one host | wire MB/step "
-             "sent / received | theory MB/step (busier way) | compute ms | exposed comm ms | "
-             "link time ms |", "|" + "---|" * 12]
-    for ref in metrics["references"]:
-        lines.append(f"| {ref['model']} | single (one host, 1 rank) | – | none | {_ms(ref['ms_per_step'])} | "
-                     f"{ref['images_per_sec']:,.0f} | 1.00 | – | – | – | – | – |")
-    for r in sorted(metrics["rows"], key=_order(metrics["rows"])):
-        ratio = "–" if r["vs_one_host"] is None else f"{r['vs_one_host']:.2f}"
-        lines.append(f"| {r['model']} | {r['strategy']} | {r['sends']} | {r['bandwidth']} | "
-                     f"{_ms(r['ms_per_step'])} | {r['images_per_sec']:,.0f} | {ratio} | "
-                     f"{_mb(r['wire_sent_per_step'])} / {_mb(r['wire_received_per_step'])} | "
-                     f"{_mb(r['theory_wire_per_step'])} | {_ms(r['compute_ms'])} | "
-                     f"{_ms(r['exposed_comm_ms'])} | {_ms(r['link_ms'])} |")
-    return "\n".join(lines) + "\n"
-
-
-def _order(rows: list[dict]):
-    strategies = list(STRATEGIES)
-    finite = sorted({r["rate_bits_per_s"] for r in rows if r["rate_bits_per_s"]})
-    return lambda r: (r["model"], strategies.index(r["strategy"]), position(r["bandwidth"], finite))
-
-
-def summary(study: dict) -> str:
-    """OUT/summary.md: the table, the crossovers, the machine and links behind them."""
-    cfg, env, m = study["config"], study["env"], study["metrics"]
-    notes = [f"{model}: " + "; ".join(crossover_words(c)) for model, c in m["crossovers"].items()]
-    failed = [f"failed: {folder} ({why.strip().splitlines()[-1] if why.strip() else ''})"
-              for folder, why in m.get("failed", {}).items()]
-    return (table(m) + "\n" + "\n".join(notes + failed) + "\n\n"
-            f"{cfg['hosts']} emulated hosts (network namespaces on one {env['cpu_cores']}-core machine), "
-            f"one single-threaded rank each; global batch {cfg['batch_size']}, median of "
-            f"{cfg['iters']} steps after {cfg['warmup']}; jax {env['jax']}. Wire bytes: host 0's eth0 "
-            f"counters over the timed steps, {HEADER_BYTES} header bytes per packet aside.\n")

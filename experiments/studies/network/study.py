@@ -15,7 +15,7 @@ connections' set-up and the warm-up are outside); with 2 hosts that link carries
 the job's traffic, sent one way and received the other. The study writes
 OUT/<bandwidth>/<model>-<strategy>/result.json per point (each recording the link: bandwidth,
 rate, hosts, in config["point"]["labels"]), OUT/one-host/<model>-single/result.json, and
-OUT/network.json (rows, crossovers; `experiments/studies/network/rows.py`) and OUT/summary.md,
+OUT/network.json (rows, crossovers: rows.py) and OUT/summary.md (tables.py),
 atomically. Bandwidth is emulated, latency is not (this kernel has no netem).
 """
 
@@ -28,11 +28,12 @@ from pathlib import Path
 
 from experiments import options
 from experiments.infra import cluster
-from experiments.studies.network import rows as network_rows
-from experiments.points import points
-from experiments.points import mpi as rank_scaling
 from experiments.options import BenchOptions, option
+from experiments.points import points
+from experiments.points.mpi import check_ranks, places_model
 from experiments.points.points import Point, PointError
+from experiments.studies.network.rows import analyse
+from experiments.studies.network.tables import network_summary
 from experiments.studies.scaling.speedup import REFERENCE
 from experiments.studies.study import Study, at_least, distinct
 from jaxpar import results
@@ -78,7 +79,7 @@ QUICK = dataclasses.replace(NetworkConfig(), models=("mlp",), width=64, depth=2,
                             timeout=120)
 
 
-def plan(config: NetworkConfig) -> tuple[list[Point], dict[str, list[Point]]]:
+def network_points(config: NetworkConfig) -> tuple[list[Point], dict[str, list[Point]]]:
     """(the one-host reference points, {bandwidth: its points}); checks every option first."""
     at_least(config, 1, "batch_size", "iters", "microbatches", "sync_every")
     at_least(config, 0, "warmup")
@@ -86,17 +87,17 @@ def plan(config: NetworkConfig) -> tuple[list[Point], dict[str, list[Point]]]:
     distinct(config, "models", "strategies", "bandwidths")
     for bandwidth in config.bandwidths:
         cluster.rate_bits(bandwidth)  # ConfigError naming --bandwidth
-    rank_scaling.check(config.strategies, (config.hosts,), config.models)
-    refs = [point(config, model, REFERENCE, None) for model in config.models]
-    across = {bw: [point(config, model, strategy, bw) for model in config.models
-                   for strategy in config.strategies if rank_scaling.takes(strategy, model)]
+    check_ranks(config.strategies, (config.hosts,), config.models)
+    refs = [link_point(config, model, REFERENCE, None) for model in config.models]
+    across = {bw: [link_point(config, model, strategy, bw) for model in config.models
+                   for strategy in config.strategies if places_model(strategy, model)]
               for bw in config.bandwidths}
     for p in refs + [p for found in across.values() for p in found]:
-        points.check(p)
+        points.check_point(p)
     return refs, across
 
 
-def point(config: NetworkConfig, model: str, strategy: str, bandwidth: str | None) -> Point:
+def link_point(config: NetworkConfig, model: str, strategy: str, bandwidth: str | None) -> Point:
     """One bench point: `strategy` as one rank per host over links of `bandwidth`, or (None)
     the reference on one host, one rank; either way single-threaded ranks of one device."""
     opts = STRATEGIES[strategy].options
@@ -118,36 +119,36 @@ def point(config: NetworkConfig, model: str, strategy: str, bandwidth: str | Non
 
 def across_hosts(point: Point, folder: Path) -> list[str]:
     """A point's ranks launched one per emulated host (the cluster that is up)."""
-    return cluster.mpiexec(point.ranks, [sys.executable, "-m", "experiments.points.run", str(folder)])
+    return cluster.mpiexec_on_hosts(point.ranks, [sys.executable, "-m", "experiments.points.run", str(folder)])
 
 
 def run(config: NetworkConfig) -> list[Path] | None:
     """The reference points, then each bandwidth's points on a cluster made for it (removed
     however the block ends); then OUT/network.json and OUT/summary.md. None when a point
     failed (the others are still written)."""
-    refs, across = plan(config)
+    refs, across = network_points(config)
     pending = {bw: [p for p in found if points.stored(Path(config.out) / p.folder, p) is None]
                for bw, found in across.items()}
     if any(pending.values()) and (why := cluster.missing()) is not None:
         raise UserError(f"the network study runs its points on an emulated cluster: {why}")
     out = results.ensure_writable(config.out)
-    outcomes = list(zip(refs, points.run(refs, out, config.timeout, keep_going=True)))
+    outcomes = list(zip(refs, points.run_points(refs, out, config.timeout, keep_going=True)))
     for bw, found in across.items():
         if not pending[bw]:  # every point already measured: no cluster needed
-            outcomes += zip(found, points.run(found, out, config.timeout))
+            outcomes += zip(found, points.run_points(found, out, config.timeout))
             continue
         print(f"{config.hosts} emulated hosts at {bw}", flush=True)
         with cluster.running(config.hosts, bw):
-            outcomes += zip(found, points.run(found, out, config.timeout, keep_going=True,
+            outcomes += zip(found, points.run_points(found, out, config.timeout, keep_going=True,
                                               launch=across_hosts))
     done = [(p, r) for p, r in outcomes if not isinstance(r, PointError)]
     failed = {p.folder: str(r)[-2000:] for p, r in outcomes if isinstance(r, PointError)}
-    metrics = network_rows.analyse(done)
+    metrics = analyse(done)
     study = results.RunResult(kind="network", config=dataclasses.asdict(config),
                               env=done[0][1].env if done else results.environment(),
                               metrics={**metrics, "failed": failed})
     paths = [results.write_atomic(out / "network.json", study.to_json() + "\n"),
-             results.write_atomic(out / "summary.md", network_rows.summary(dataclasses.asdict(study)))]
+             results.write_atomic(out / "summary.md", network_summary(dataclasses.asdict(study)))]
     print(paths[1].read_text())
     return None if failed else paths
 

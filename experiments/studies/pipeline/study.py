@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments import options
-from experiments.points import points
 from experiments.options import BenchOptions, option
+from experiments.points import points
 from experiments.points.points import Point
 from experiments.studies.study import Study, at_least
 from jaxpar import results
@@ -75,7 +75,7 @@ QUICK = dataclasses.replace(PipelineConfig(), stages=2, max_microbatches=4, widt
                             timeline_batch_size=64)
 
 
-def plan(config: PipelineConfig) -> tuple[list[int], list[int]]:
+def planned_microbatches(config: PipelineConfig) -> tuple[list[int], list[int]]:
     """(every M, the M's to measure); checks the options before any work."""
     S, top = config.stages, config.max_microbatches
     if S < 2:
@@ -121,7 +121,7 @@ def schedule_rows(stages: int, microbatch_counts: list[int]) -> tuple[list[dict]
     return rows, tables
 
 
-def point(config: PipelineConfig, schedule: str, m: int) -> Point:
+def schedule_point(config: PipelineConfig, schedule: str, m: int) -> Point:
     """One (schedule, M) bench point: the pipeline strategy on S simulated devices."""
     S = config.stages
     by_schedule = {"strategy": GEMS} if schedule == GEMS else {"strategy": "pipeline", "schedule": schedule}
@@ -177,8 +177,8 @@ def measurement(measured: list[results.RunResult], folder: str) -> dict:
 
 def run(config: PipelineConfig) -> list[Path]:
     """Tables for every M, measured points, OUT/pipeline.json; return its path."""
-    counts, measured = plan(config)
-    planned = {(s, m): point(config, s, m) for s in schedules.TABLES
+    counts, measured = planned_microbatches(config)
+    planned = {(s, m): schedule_point(config, s, m) for s in schedules.TABLES
                for m in counts_for(s, config.stages, measured)}
     timed = {s: timeline_point(config, s) for s in schedules.TABLES
              if config.timeline_stages and counts_for(s, config.timeline_stages, [config.timeline_microbatches])}
@@ -189,7 +189,7 @@ def run(config: PipelineConfig) -> list[Path]:
     single = {"images_per_sec": None, "step_ms": None}  # --no-measure: no reference either
     for p in reference:
         single = measurement(by_folder[p.folder], p.folder)
-    stamped = points.run(list(timed.values()), config.out, config.timeout)  # one stamped step each
+    stamped = points.run_points(list(timed.values()), config.out, config.timeout)  # one stamped step each
     timelines = {s: timeline_of(r, timed[s].folder) for s, r in zip(timed, stamped)}
     rows, tables = schedule_rows(config.stages, counts)
     point_env = None

@@ -16,7 +16,7 @@ strategy runs on --devices simulated devices with its default mesh over all of t
 --model (its class says so) is recorded as skipped too; the seeds' comparison is `--model
 cnn` (or resnet): data- against model-parallel rows. Writes OUT/points/<strategy>/r<k>/
 result.json, OUT/strategies.json (RunResult: config, env, metrics.rows;
-`experiments.studies.strategies.figures.strategies_bars` draws it) and OUT/summary.md, atomically.
+`figures.strategies_bars` draws it) and OUT/summary.md (`tables.strategies_summary`), atomically.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments import options
-from experiments.points import points
 from experiments.options import BenchOptions, option
-from experiments.points.points import Point, PointError, mpiexec
+from experiments.points import points
+from experiments.points.mpi import mpiexec
+from experiments.points.points import Point, PointError
+from experiments.studies.strategies.tables import strategies_summary
 from experiments.studies.study import Study, at_least
 from jaxpar import results
 from jaxpar.config import TrainConfig, with_options
@@ -85,7 +87,7 @@ def _mpi_missing() -> str | None:
     return None
 
 
-def plan(config: StrategiesConfig) -> tuple[list[str], dict[str, str]]:
+def chosen_strategies(config: StrategiesConfig) -> tuple[list[str], dict[str, str]]:
     """(strategies to run, {strategy: why} of those skipped); checks every option first."""
     names = list(config.strategies or STRATEGIES)  # by family, as the registry lists them
     unable = {}
@@ -115,13 +117,13 @@ def _problems(strategy: str, config: StrategiesConfig) -> list[str]:
     """What stops `strategy`'s point from running (`jaxpar.validate`, through the strategy's
     own checks: models it takes, mesh, blocks per stage, width per shard, micro-batches)."""
     try:
-        points.check(point(strategy, config))
+        points.check_point(strategy_point(strategy, config))
     except ConfigError as e:
         return [str(e).replace(" Nothing was run or written.", "")]
     return []
 
 
-def point(strategy: str, config: StrategiesConfig) -> Point:
+def strategy_point(strategy: str, config: StrategiesConfig) -> Point:
     """One strategy's bench point (an MPI strategy: --devices ranks of one device each)."""
     mpi = _is_mpi(strategy)
     sizes = {k: getattr(config, k) for k in ("width", "depth") if k in takes(config.model)}
@@ -146,7 +148,7 @@ def one_thread_point(config: StrategiesConfig) -> Point:
     return Point("points/single-1-thread", train, bench)
 
 
-def row(strategy: str, measured: list[results.RunResult]) -> dict:
+def strategy_row(strategy: str, measured: list[results.RunResult]) -> dict:
     """One table row from a strategy's rounds: its median round's bench result."""
     result = points.median_round(measured)
     m, env, desc = result.metrics, result.env, result.strategy
@@ -182,8 +184,8 @@ def row(strategy: str, measured: list[results.RunResult]) -> dict:
 def run(config: StrategiesConfig) -> list[Path] | None:
     """Every strategy's point, then OUT/strategies.json and OUT/summary.md (atomically).
     Returns their paths, or None when a point failed (the others are still written)."""
-    names, skipped = plan(config)
-    planned = [point(s, config) for s in names]
+    names, skipped = chosen_strategies(config)
+    planned = [strategy_point(s, config) for s in names]
     reference = [one_thread_point(config)] if any(_is_mpi(s) for s in names) else []
     outcomes = points.run_rounds(planned + reference, config.rounds, config.out, config.timeout,
                                  keep_going=True)
@@ -195,9 +197,9 @@ def run(config: StrategiesConfig) -> list[Path] | None:
         if errors:
             failed[label] = str(errors[0])[-2000:]
         elif planned_point in reference:
-            one_thread = {**row("single", measured), "point": planned_point.folder}
+            one_thread = {**strategy_row("single", measured), "point": planned_point.folder}
         else:
-            rows.append(row(label, measured))
+            rows.append(strategy_row(label, measured))
             if not _is_mpi(label) and env is None:
                 env = measured[0].env  # the machine as the single-process points see it
     asked = list(config.strategies or STRATEGIES)
@@ -208,53 +210,9 @@ def run(config: StrategiesConfig) -> list[Path] | None:
                                        "one_thread": one_thread})
     out = Path(config.out)
     paths = [results.write_atomic(out / "strategies.json", study.to_json() + "\n"),
-             results.write_atomic(out / "summary.md", summary(dataclasses.asdict(study)))]
+             results.write_atomic(out / "summary.md", strategies_summary(dataclasses.asdict(study)))]
     print(paths[1].read_text())
     return None if failed else paths
-
-
-def one_thread_note(one_thread: dict) -> str:
-    """The line that gives the MPI rows' reference (`single` on one thread)."""
-    return (f"The MPI rows' ranks run one thread each; `single` on one thread: "
-            f"{one_thread['ms_per_step']:.1f} ms/step ({one_thread['images_per_sec']:,.0f} images/s).")
-
-
-def _bytes(n: int | None) -> str:
-    return "–" if n is None else f"{n:,}"
-
-
-def summary(study: dict) -> str:
-    """Markdown table of a strategies.json dict, with the machine behind the numbers."""
-    cfg, env, m = study["config"], study["env"], study["metrics"]
-    sizes = "".join(f" {k} {cfg[k]}" for k in ("width", "depth") if k in takes(cfg["model"]))
-    lines = [f"{cfg['model']}{sizes}, global batch "
-             f"{cfg['batch_size']}, {cfg['devices']} devices per strategy, median of {cfg['iters']} "
-             f"steps after {cfg['warmup']}; {points.rounds_note(cfg.get('rounds', 1), 'strategy')}.\n",
-             "| strategy | mesh | ms/step | images/s | compile s | collective B/step (theory) | "
-             "state B/device | temp/activation B/device |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in m["rows"]:
-        mesh = ",".join(f"{k}={v}" for k, v in r["mesh"].items())
-        if r["microbatches"]:
-            mesh += f", M={r['microbatches']}"
-        lines.append(f"| {r['strategy']} | {mesh} | {r['ms_per_step']:.2f} | {r['images_per_sec']:,.0f} | "
-                     f"{r['compile_s']:.2f} | {_bytes(r['collective_bytes_per_step'])} "
-                     f"({_bytes(r['collective_bytes_theory'])}) | {_bytes(r['state_bytes_per_device'])} | "
-                     f"{_bytes(r['activation_bytes_per_device'])} |")
-    lines.append(f"\n{env['device_count']} simulated {env['backend']} devices ({env['device_kind']}) in one "
-                 f"process per strategy, sharing {env['cpu_cores']} CPU cores ({env['threads_per_process']} "
-                 f"XLA threads); jax {env['jax']}; images/s = global batch / median step. MPI "
-                 "strategies: one single-threaded process per rank, one device each, "
-                 "collective bytes per rank. Memory is the fullest device's: state = parameters + "
-                 "optimizer state; temp/activation = XLA's temporary buffers of the step program "
-                 "(layer-split: the residuals each stage's forward program hands to its backward, "
-                 "plus that backward's temporaries).")
-    if m.get("one_thread"):
-        lines.append(f"\n{one_thread_note(m['one_thread'])}")
-    for name, why in {**m["skipped"], **m.get("failed", {})}.items():
-        status = "skipped" if name in m["skipped"] else "failed"
-        lines.append(f"\n{name}: {status} ({why.strip().splitlines()[-1] if why.strip() else ''})")
-    return "\n".join(lines) + "\n"
 
 
 STUDY = Study("strategies", "one model under every strategy on the same devices: step time, images/s, "

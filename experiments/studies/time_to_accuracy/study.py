@@ -52,11 +52,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments import options
-from experiments.points import points
-from experiments.points import mpi as rank_scaling
 from experiments.options import option
+from experiments.points import points
+from experiments.points.mpi import check_ranks
 from experiments.points.points import Point
 from experiments.studies.study import Study, at_least
+from experiments.studies.time_to_accuracy.tables import time_to_accuracy_summary
 from jaxpar import results
 from jaxpar.config import TrainConfig, flat_fields, with_options
 from jaxpar.errors import ConfigError
@@ -156,14 +157,14 @@ def _check_strategies(config: TimeToAccuracyConfig) -> None:
                               f"choices: {', '.join(choices)}")
     mpi = tuple({n for m in config.models for n in chosen(config, m) if STRATEGIES[n].uses_mpi})
     if mpi:
-        rank_scaling.check(mpi, (config.devices,), config.models)
+        check_ranks(mpi, (config.devices,), config.models)
     for flag in ("width", "depth"):
         users = [m for m in config.models if flag not in takes(m)]
         if getattr(config, flag) is not None and users:
             raise ConfigError(f"--{flag} does not apply to --models {','.join(users)}; run those apart")
 
 
-def plan(config: TimeToAccuracyConfig) -> list[Point]:
+def time_to_accuracy_points(config: TimeToAccuracyConfig) -> list[Point]:
     """One train point per (model, strategy[, schedule]); checks every option before any work."""
     goal = targets(config)
     _check_strategies(config)
@@ -204,7 +205,7 @@ def shared_options(configs: list[TrainConfig]) -> dict:
     return {k: v for k, v in flat[0].items() if all(f[k] == v for f in flat)}
 
 
-def row(point: Point, result: results.RunResult, batch_norm: bool) -> dict:
+def target_row(point: Point, result: results.RunResult, batch_norm: bool) -> dict:
     """One table row from a point's train result; its validation curve for the figure."""
     m, c = result.metrics, point.config
     schedule = c.parallel.schedule if "schedule" in STRATEGIES[c.parallel.strategy].options else None
@@ -227,64 +228,21 @@ def row(point: Point, result: results.RunResult, batch_norm: bool) -> dict:
 
 def run(config: TimeToAccuracyConfig) -> list[Path]:
     """Every point (resuming a stopped study), then OUT/time_to_accuracy.json and OUT/summary.md."""
-    planned = plan(config)
-    outcomes = points.run(planned, config.out, config.timeout)
+    planned = time_to_accuracy_points(config)
+    outcomes = points.run_points(planned, config.out, config.timeout)
     first = {p.config.model.model: p.config for p in reversed(planned)}  # one per model
     norms = {model: has_batch_norm(c.model) for model, c in first.items()}
-    rows = [row(p, r, norms[p.config.model.model]) for p, r in zip(planned, outcomes)]
+    rows = [target_row(p, r, norms[p.config.model.model]) for p, r in zip(planned, outcomes)]
     record = {**dataclasses.asdict(config), "strategies": asked(config), "targets": targets(config),
               "train_options": shared_options([p.config for p in planned])}
     study = results.RunResult(kind="time-to-accuracy", config=record, env=outcomes[0].env,
                               metrics={"rows": rows, "skipped": skipped(config)})
     out = Path(config.out)
     path = results.write_atomic(out / RESULTS_FILE, study.to_json() + "\n")
-    table = summary(rows, study.env, record, skipped(config))
+    table = time_to_accuracy_summary(rows, study.env, record, skipped(config))
     results.write_atomic(out / "summary.md", table)
     print(table)
     return [path, out / "summary.md"]
-
-
-def where(row: dict) -> str:
-    """'2', or '2 ranks' for a multi-process row (rows written before ranks were recorded: devices)."""
-    ranks = row.get("ranks", 1)
-    return f"{ranks} ranks" if ranks > 1 else str(row["devices"])
-
-
-def summary(rows: list[dict], env: dict, config: dict, left_out: list[str] = ()) -> str:
-    """Markdown table of the study's rows and what stands behind the times."""
-    lines = ["| model | strategy | devices | target (val) | reached | steps | examples | time s | "
-             "images/s | compile s | test accuracy | state MB/device |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        mark = " †" if r["batch_norm_per_shard"] else ""
-        state = r.get("state_bytes_per_device")
-        if r["reached"]:
-            cells = f"yes | {r['steps']} | {r['examples']:,} | {r['time_s']:.1f} | {r['images_per_sec']:,.0f}"
-        else:
-            cells = f"no ({r['steps_run']} steps) | – | – | – | –"
-        lines.append(f"| {r['model']} | {r['label']}{mark} | {where(r)} | {r['target']:.2f} | "
-                     f"{cells} | {r['compile_s']:.1f} | {r['test_accuracy']:.4f} | "
-                     f"{'–' if state is None else f'{state / 1e6:.2f}'} |")
-    notes = [
-        f"Global batch {config['batch_size']}, seed {config['seed']}, Adam at a constant learning rate, "
-        f"validation on {config['val_size']} examples every {config['eval_every']} steps (steps to target "
-        f"are multiples of it), budget {config['max_epochs']} epochs per point; one process per point.",
-        "time s: training steps up to the validation that reached the target, compilation (compile s) "
-        "and validation excluded; images/s = examples / time s.",
-        f"{env.get('cpu_cores', '?')} CPU cores ({env.get('cores_available', '?')} available) shared by all "
-        f"simulated devices of a point; XLA threads: {env.get('threads', '?')}; jax {env.get('jax', '?')}, "
-        f"{env.get('device_kind', '?')}.",
-    ]
-    if any(r.get("ranks", 1) > 1 for r in rows):
-        notes.append("N ranks: N processes under mpiexec, one device and one XLA thread each, pinned "
-                     "to core rank % cores; state MB/device is the fullest rank's.")
-    if any(r["batch_norm_per_shard"] for r in rows):
-        notes.append("† batch norm normalises with per-shard batch statistics under this strategy "
-                     "(pipeline, gems: per micro-batch; single and one-program strategies such as "
-                     "dp-auto use the whole global batch), so its trajectory can differ from single's.")
-    if left_out:
-        notes.append(f"Not run (the strategy cannot place the model): {', '.join(left_out)}.")
-    return "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
 
 
 STUDY = Study("time-to-accuracy", "wall time, steps and images/s to a target validation accuracy for "

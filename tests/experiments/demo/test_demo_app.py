@@ -71,7 +71,7 @@ def test_captions_come_from_the_documents(tmp_path):
 
 def test_every_committed_figure_has_a_caption():
     for figure in captions.figures():
-        assert figure.source, f"{figure.path.name} is shown in no document ({captions.SOURCES})"
+        assert figure.source, f"{figure.path.name} is shown in no document ({captions.CAPTION_DOCUMENTS})"
         assert len(figure.caption) > 40, figure.path.name
 
 

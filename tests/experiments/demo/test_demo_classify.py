@@ -57,7 +57,7 @@ def test_predictions_are_eval_steps(tmp_path, strategy):
     """A checkpoint from any strategy gives the probabilities whose argmax and log-loss
     `jaxpar.step.eval_step` computes, and the accuracy the run itself measured."""
     outcome = train(tmp_path / strategy, strategy=strategy)
-    model = classify.load(tmp_path / strategy, "synthetic")
+    model = classify.load_classifier(tmp_path / strategy, "synthetic")
     assert model.step == 25
     images, labels = datalib.load(outcome.strategy.config.data, seed=0).test
     probs = model.probabilities_of_split(images)
@@ -80,8 +80,8 @@ def test_predictions_are_eval_steps(tmp_path, strategy):
 
 def test_a_checkpoint_folder_loads_as_well_as_its_result_folder(runs):
     root, _ = runs
-    a = classify.load(root / "single")
-    b = classify.load(root / "single" / classify.CHECKPOINT_SUBDIR)
+    a = classify.load_classifier(root / "single")
+    b = classify.load_classifier(root / "single" / classify.CHECKPOINT_SUBDIR)
     for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
         np.testing.assert_array_equal(x, y)
     assert candidates([root]) == [root / "single"]
@@ -93,7 +93,7 @@ def test_a_moved_result_folder_finds_its_checkpoint(runs, tmp_path):
     result = results.load(tmp_path / "moved")
     result.config["checkpoint_dir"] = str(tmp_path / "gone")
     results.save(result, tmp_path / "moved")
-    assert classify.load(tmp_path / "moved").step == 25
+    assert classify.load_classifier(tmp_path / "moved").step == 25
 
 
 def test_a_result_whose_checkpoint_lives_elsewhere(runs, tmp_path):
@@ -101,14 +101,14 @@ def test_a_result_whose_checkpoint_lives_elsewhere(runs, tmp_path):
     result = results.load(root / "single")  # train --out A --checkpoint-dir B
     results.save(result, tmp_path)
     assert classify.find_checkpoint(tmp_path) == Path(result.config["checkpoint_dir"])
-    assert classify.load(tmp_path).step == 25
+    assert classify.load_classifier(tmp_path).step == 25
 
 
 def test_a_folder_without_a_result_or_checkpoint(tmp_path):
     with pytest.raises(classify.LoadError, match="holds no jaxpar result"):
-        classify.load(tmp_path)
+        classify.load_classifier(tmp_path)
     with pytest.raises(classify.LoadError, match="is not a folder"):
-        classify.load(tmp_path / "nowhere")
+        classify.load_classifier(tmp_path / "nowhere")
 
 
 def test_a_result_without_a_checkpoint(runs, tmp_path):
@@ -117,7 +117,7 @@ def test_a_result_without_a_checkpoint(runs, tmp_path):
     result.config["checkpoint_dir"] = None
     results.save(result, tmp_path)
     with pytest.raises(classify.LoadError, match="no --checkpoint-dir, so no weights were saved"):
-        classify.load(tmp_path)
+        classify.load_classifier(tmp_path)
 
 
 def _edit_meta(folder: Path, edit) -> None:
@@ -139,13 +139,13 @@ def test_an_incompatible_checkpoint_is_refused(runs, tmp_path, edit, message):
     shutil.copytree(root / "single" / classify.CHECKPOINT_SUBDIR, tmp_path / "ckpt")
     _edit_meta(tmp_path / "ckpt", edit)
     with pytest.raises(classify.LoadError, match=message):
-        classify.load(tmp_path / "ckpt")
+        classify.load_classifier(tmp_path / "ckpt")
 
 
 def test_a_model_of_another_dataset_is_refused(runs):
     root, _ = runs
     with pytest.raises(classify.LoadError, match="trained on synthetic.*--dataset synthetic"):
-        classify.load(root / "single", "mnist")
+        classify.load_classifier(root / "single", "mnist")
 
 
 def test_bad_folders_leave_the_loaded_models_alone(runs, tmp_path):
@@ -217,18 +217,18 @@ def test_the_demo_downloads_nothing(monkeypatch, tmp_path):
 def test_a_models_name_says_strategy_model_step_and_accuracy(runs, tmp_path, monkeypatch):
     root, outcome = runs
     accuracy = outcome.result.metrics["test_accuracy"]
-    model = classify.load(root / "single", "synthetic")
+    model = classify.load_classifier(root / "single", "synthetic")
     assert model.name == f"single mlp, step 25, {accuracy:.2%} test"  # the demo's runs: by strategy
     shutil.copytree(root / "single", tmp_path / "my-run")
-    named = classify.load(tmp_path / "my-run" / classify.CHECKPOINT_SUBDIR, "synthetic")
+    named = classify.load_classifier(tmp_path / "my-run" / classify.CHECKPOINT_SUBDIR, "synthetic")
     assert named.name == f"my-run: single mlp, step 25, {accuracy:.2%} test"
     (tmp_path / "my-run" / results.RESULT_FILE).unlink()  # a checkpoint alone: its last validation
-    assert classify.load(tmp_path / "my-run", "synthetic").name.endswith("% validation")
+    assert classify.load_classifier(tmp_path / "my-run", "synthetic").name.endswith("% validation")
     # Paths as the page shows them: relative to where the demo started, never absolute.
     monkeypatch.chdir(tmp_path)
     assert Models("synthetic").load(tmp_path / "my-run", trusted=True).endswith("from my-run")
     with pytest.raises(classify.LoadError, match=r"^'nowhere' is not a folder"):
-        classify.load(tmp_path / "nowhere")
+        classify.load_classifier(tmp_path / "nowhere")
 
 
 def test_the_page_loads_only_under_its_folders(runs, tmp_path, monkeypatch):

@@ -86,7 +86,7 @@ def fashion_model():
     models = Models("fashion_mnist")
     found = models.bundled()
     assert found, "the committed Fashion-MNIST model (figures/data/demo) is missing"
-    return classify.load(found[0], "fashion_mnist"), classify.class_names("fashion_mnist")
+    return classify.load_classifier(found[0], "fashion_mnist"), classify.class_names("fashion_mnist")
 
 
 @pytest.mark.parametrize("top,left,height,leg,gap", [

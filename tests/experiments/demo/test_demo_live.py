@@ -99,7 +99,7 @@ def test_runs_side_by_side_and_a_failing_one(tmp_path):
         assert [v["step"] for v in s.validations] == [20, 40]
         row = live.summary_row(s)
         assert row["step"] == "40/40" and row["images/s"] > 0 and row["test accuracy"] is not None
-        assert classify.load(group / name, "synthetic").step == 40  # ready for the classify panel
+        assert classify.load_classifier(group / name, "synthetic").step == 40  # ready for the classify panel
     assert live.summary_row(by["dp-shard-map"])["collective B/step"] > 0
     assert live.summary_row(by["single"])["collective B/step"] == 0
     curves = live.curves(statuses, runs.started)

@@ -22,18 +22,13 @@ from experiments.infra import cluster
 from jaxpar.models import param_count
 from jaxpar.train import build_model
 from jaxpar.errors import ConfigError, UserError
-from cross_host import CROSS_HOST, WHY_NO_HOSTS
-from test_mpi_launch import MPIEXEC, ROOT, _rank_pid, mpi_env
-
+from cross_host import CROSS_HOST, needs_mpi, needs_root
+from test_mpi_launch import ROOT, _rank_pid, mpi_env
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_machine_wide_file_at_a_time(machine_wide):
     """One emulated cluster / SLURM at a time (`conftest.machine_wide`)."""
-
-
-needs_root = pytest.mark.skipif(WHY_NO_HOSTS is not None, reason=str(WHY_NO_HOSTS))
-needs_mpi = pytest.mark.skipif(not MPIEXEC.exists(), reason="needs the `mpi` extra (make test installs it)")
 
 
 def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -161,7 +156,7 @@ def test_strategies_across_two_hosts_equal_single(hosts):
     received_before = _counter(hosts["hosts"][1], "rx_bytes")
     proc = subprocess.run(
         ["timeout", "-s", "KILL", "500",
-         *cluster.mpiexec(2, [sys.executable, "-m", "mpi4py", "-m", "pytest", "-q",
+         *cluster.mpiexec_on_hosts(2, [sys.executable, "-m", "mpi4py", "-m", "pytest", "-q",
                               "-p", "no:cacheprovider", *which])],
         cwd=ROOT, env=mpi_env(JAXPAR_EXPECT_RANKS="2", JAXPAR_EXPECT_HOSTS="2"),
         capture_output=True, text=True)
@@ -185,7 +180,7 @@ def test_a_killed_rank_on_another_host_ends_the_job(hosts, tmp_path):
     cheapest to start; what ends the job is the launcher, whatever the strategy."""
     events = tmp_path / "events.jsonl"
     proc = subprocess.Popen(
-        cluster.mpiexec(2, [sys.executable, "-m", "mpi4py", "-m", "experiments", "train",
+        cluster.mpiexec_on_hosts(2, [sys.executable, "-m", "mpi4py", "-m", "experiments", "train",
                             "--strategy", "mpi-allreduce", *TINY_RUN, "--steps", "100000",
                             "--events", str(events), "--out", str(tmp_path / "out")]),
         cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

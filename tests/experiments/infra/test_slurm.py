@@ -68,7 +68,7 @@ def _daemons() -> list[str]:
             name = (entry / "comm").read_text().strip()
         except OSError:
             continue
-        if entry.name.isdigit() and name in (*slurm.DAEMONS, "slurmstepd") and slurm.running(int(entry.name)):
+        if entry.name.isdigit() and name in (*slurm.DAEMONS, "slurmstepd") and slurm.alive(int(entry.name)):
             left.append(f"{name} {entry.name}")
     return left
 

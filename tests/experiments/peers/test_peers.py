@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from experiments.peers import study as peers
-from experiments.peers import rows as peers_report
+from experiments.peers import rows as peers_rows
+from experiments.peers import tables as peers_tables
 from experiments.__main__ import EXIT_USAGE, run
 from experiments.peers.torch_point import TorchPoint
 from jaxpar import data as datalib
@@ -117,7 +118,7 @@ def test_both_sides_run_the_same_optimizer_on_the_same_batch():
 
 def test_the_screening_is_single_and_the_data_parallel_family():
     pytest.importorskip("torch", reason=NO_TORCH)
-    found = peers.plan(dataclasses.replace(peers.PeersConfig(), best_devices=(1, 2, 4)))
+    found = peers.resolved_plan(dataclasses.replace(peers.PeersConfig(), best_devices=(1, 2, 4)))
     family = [n for n, c in STRATEGIES.items() if c.family == "data parallel"]
     assert found.candidates[:2] == (("single", 1, 1), ("single", 1, 4))
     chains = {s for s in family if "steps_per_dispatch" in STRATEGIES[s].options}
@@ -138,7 +139,7 @@ def test_best_row_is_the_faster_of_the_pick_and_single_in_the_rounds(pick_ms, be
     screened = {"resnet": {"strategy": "local-sgd", "devices": 2, "steps_per_dispatch": 4}}
     labels = {key: (framework, what) for key, framework, what in peers.CONFIGS}
     config = peers.PeersConfig()
-    rows = {r["config"]: r for r in peers_report.rows(config, rounds, screened, labels)}
+    rows = {r["config"]: r for r in peers_rows.peer_rows(config, rounds, screened, labels)}
     best = rows["jaxpar-best"]
     assert best["ms_per_step"] == best_ms and named in best["what"]
     assert best["ratio_vs_peer"] == pytest.approx(66.7 / best_ms)
@@ -150,7 +151,7 @@ def test_best_row_is_the_faster_of_the_pick_and_single_in_the_rounds(pick_ms, be
                                                      "skipped": {}, "failed": {}}}
         screened["resnet"]["candidates"] = []
         assert "resnet: local-sgd on 2 device(s), 4 steps per dispatch, 53.90 ms/step" in (
-            peers_report.summary(data))
+            peers_tables.peers_summary(data))
     assert rows["jaxpar-single"]["ms_per_step"] == 50.3
 
 
@@ -301,9 +302,9 @@ def test_pytorch_pipelines_cut_where_jaxpar_cuts_with_the_same_micro_batches():
 
     config = dataclasses.replace(peers.PeersConfig(), rounds=1)  # the CNN, M=8, 2 ranks
     for schedule in ("gpipe", "1f1b"):
-        theirs = peers_mp.point(config, f"torch-{schedule}", 0)
+        theirs = peers_mp.mp_point(config, f"torch-{schedule}", 0)
         for where in ("mpi-pipeline", "pipeline-ranks", "pipeline-devices"):
-            ours = peers_mp.point(config, f"jaxpar-{where}-{schedule}", 0)
+            ours = peers_mp.mp_point(config, f"jaxpar-{where}-{schedule}", 0)
             p = ours.config.parallel
             assert (p.microbatches, p.schedule) == (theirs.microbatches, schedule) == (8, schedule)
             cut = finer.plan(ours.config, 2, inside=True)  # conv1, conv2[:k] | conv2[k:], fc1, fc2

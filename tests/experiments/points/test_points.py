@@ -1,5 +1,5 @@
 """Study points: each runs in its own process from its config (no command line parsed back),
-records its settings in its result, and `points.run` resumes a stopped study the same way for
+records its settings in its result, and `points.run_points` resumes a stopped study the same way for
 every study: a complete point of the same settings is reused, a damaged one is run again, one
 of other settings (or of no recorded settings) is refused, naming the folder, before any work.
 
@@ -28,7 +28,7 @@ TRAIN = Point("train/mlp", TINY)
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     out = tmp_path_factory.mktemp("points")
-    outcomes = points.run([BENCH, TRAIN], out, timeout=300)
+    outcomes = points.run_points([BENCH, TRAIN], out, timeout=300)
     return out, outcomes
 
 
@@ -53,7 +53,7 @@ def test_points_run_from_their_config_and_record_their_settings(study):
 def test_complete_points_are_reused(study, capsys):
     out, first = study
     before = _mtimes(out)
-    again = points.run([BENCH, TRAIN], out, timeout=300)
+    again = points.run_points([BENCH, TRAIN], out, timeout=300)
     assert "2 of 2 points already done" in capsys.readouterr().out
     assert _mtimes(out) == before
     assert [r.metrics for r in again] == [r.metrics for r in first]
@@ -72,7 +72,7 @@ def test_a_point_of_other_settings_is_refused_before_any_work(study, other, need
     before = _mtimes(out)
     fresh = Point("fresh/mlp", TINY)  # listed first: it must not run either
     with pytest.raises(ConfigError, match="other settings") as e:
-        points.run([fresh, other], out, timeout=300)
+        points.run_points([fresh, other], out, timeout=300)
     assert needle in str(e.value) and str(out / other.folder) in str(e.value)
     assert "fresh --out" in str(e.value)
     assert _mtimes(out) == before and not (out / "fresh").exists()
@@ -83,7 +83,7 @@ def test_a_result_without_recorded_settings_is_refused(study, tmp_path):
     old = dataclasses.replace(train, config={k: v for k, v in train.config.items() if k != "point"})
     results.save(old, tmp_path / "train/mlp")
     with pytest.raises(ConfigError, match="does not record its study settings"):
-        points.run([TRAIN], tmp_path, timeout=300)
+        points.run_points([TRAIN], tmp_path, timeout=300)
 
 
 def test_a_damaged_point_is_run_again(study, tmp_path):
@@ -91,7 +91,7 @@ def test_a_damaged_point_is_run_again(study, tmp_path):
     folder = tmp_path / "train/mlp"
     folder.mkdir(parents=True)
     (folder / results.RESULT_FILE).write_text('{"kind": "tr')  # a run killed mid-write
-    (result,) = points.run([TRAIN], tmp_path, timeout=300)
+    (result,) = points.run_points([TRAIN], tmp_path, timeout=300)
     assert result.metrics["steps"] == 2
     assert json.loads((folder / results.RESULT_FILE).read_text())["config"]["point"]["kind"] == "train"
 
@@ -99,6 +99,6 @@ def test_a_damaged_point_is_run_again(study, tmp_path):
 def test_a_failed_point_is_returned_or_raised(tmp_path):
     broken = Point("broken", with_options(TINY, batch_size=10_000))  # larger than the split
     with pytest.raises(points.PointError, match="batch-size"):
-        points.run([broken], tmp_path, timeout=300)
-    (outcome,) = points.run([broken], tmp_path, timeout=300, keep_going=True)
+        points.run_points([broken], tmp_path, timeout=300)
+    (outcome,) = points.run_points([broken], tmp_path, timeout=300, keep_going=True)
     assert isinstance(outcome, points.PointError)

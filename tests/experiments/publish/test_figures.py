@@ -10,7 +10,7 @@ from conftest import ROOT
 from experiments.publish import sources
 from experiments.__main__ import run
 from experiments.publish.figures import FIGURES
-from experiments.publish.plotting import scaling_regimes
+from experiments.studies.batch_size import scaling_regimes
 
 DATA = ROOT / "figures" / "data"
 
@@ -21,7 +21,7 @@ def test_the_committed_results_draw_every_figure(tmp_path, capsys):
     absent = [(name, figures) for name, figures in FIGURES if not sources.present(DATA, name)]
     err = capsys.readouterr().err
     for name, figures in absent:
-        assert f"not drawn: {', '.join(png for png, _ in figures)} ({sources.missing(DATA, name)})" in err
+        assert f"not drawn: {', '.join(png for png, _ in figures)} ({sources.missing_line(DATA, name)})" in err
     want = {png for name, figures in FIGURES if sources.present(DATA, name) for png, _ in figures}
     assert {p.name for p in tmp_path.glob("*.png")} == want
     assert all((tmp_path / png).stat().st_size > 10_000 for png in want)

@@ -44,7 +44,7 @@ def test_bad_batch_size_fails_with_the_rule_and_writes_nothing(tmp_path):
 
 
 def test_regimes_follow_the_whole_curve():
-    from experiments.publish.plotting import scaling_regimes
+    from experiments.studies.batch_size import scaling_regimes
 
     bs = [16, 32, 64, 128, 256, 512]
     steps = [1000, 500, 260, 200, 190, 185]  # halves, halves, then flattens

@@ -9,7 +9,7 @@ from jaxpar.errors import ConfigError
 
 
 def test_plan_puts_single_first_and_states_each_limit():
-    planned = bounds.plan(bounds.BoundsConfig())
+    planned = bounds.bounds_points(bounds.BoundsConfig())
     assert [(n, label) for n, label, _, _ in planned][:5] == [
         (2, "single"), (2, "pipeline gpipe"), (2, "pipeline 1f1b"), (2, "gems"), (2, "tensor")]
     limits = {(n, label): limit for n, label, _, limit in planned}
@@ -24,7 +24,7 @@ def test_plan_puts_single_first_and_states_each_limit():
 
 def test_one_device_is_refused():
     with pytest.raises(ConfigError, match="--device-counts must be >= 2"):
-        bounds.plan(bounds.BoundsConfig(device_counts=(1, 2)))
+        bounds.bounds_points(bounds.BoundsConfig(device_counts=(1, 2)))
 
 
 def test_a_timeline_needs_stages_as_programs():

@@ -14,8 +14,8 @@ import pytest
 
 from experiments.studies.machine import study as machine
 from experiments.studies.machine import rows as machine_rows
-from experiments.studies.pipeline import figures as plots_studies
-from experiments.points import mpi as rank_scaling
+from experiments.points.mpi import mpiexec
+from experiments.studies.machine import figures as machine_figures
 from experiments.publish import sources
 from experiments.publish import tables
 from experiments.__main__ import run
@@ -34,7 +34,7 @@ def probe(backend: str, devices: int, cores: int) -> results.RunResult:
 @pytest.fixture
 def everything_installed(monkeypatch):
     monkeypatch.setattr(optional, "available", lambda module: True)
-    monkeypatch.setattr(rank_scaling, "check", lambda *args: None)
+    monkeypatch.setattr(machine, "check_ranks", lambda *args: None)
 
 
 def folders(planned) -> list[str]:
@@ -42,7 +42,7 @@ def folders(planned) -> list[str]:
 
 
 def test_a_16_core_cpu_gets_one_device_per_core_one_thread_each_and_ranks(everything_installed):
-    planned, skipped = machine.plan(machine.MachineConfig(), probe("cpu", 1, 16))
+    planned, skipped = machine.machine_points(machine.MachineConfig(), probe("cpu", 1, 16))
     assert skipped == {}
     found = folders(planned)
     assert found[:2] == ["one-device/cnn", "one-device/resnet"]  # the MLP's is the probe
@@ -57,7 +57,7 @@ def test_a_16_core_cpu_gets_one_device_per_core_one_thread_each_and_ranks(everyt
 
 
 def test_one_gpu_is_one_device_and_no_simulated_devices_nor_ranks(everything_installed):
-    planned, skipped = machine.plan(machine.MachineConfig(), probe("gpu", 1, 16))
+    planned, skipped = machine.machine_points(machine.MachineConfig(), probe("gpu", 1, 16))
     assert folders(planned) == ["one-device/cnn", "one-device/resnet", "torch/mlp", "torch/cnn",
                                 "torch/resnet"]
     assert {p.device for p in planned if isinstance(p, TorchPoint)} == {"cuda"}
@@ -66,17 +66,17 @@ def test_one_gpu_is_one_device_and_no_simulated_devices_nor_ranks(everything_ins
 
 
 def test_four_gpus_are_measured_all_four_against_one(everything_installed):
-    planned, _ = machine.plan(machine.MachineConfig(models=("cnn",)), probe("gpu", 4, 32))
+    planned, _ = machine.machine_points(machine.MachineConfig(models=("cnn",)), probe("gpu", 4, 32))
     devices = [p for p in planned if p.folder.startswith("devices/")]
     assert [(p.config.parallel.devices, p.config.parallel.single_thread) for p in devices] == [(4, False)]
     with pytest.raises(ConfigError, match="every local device"):
-        machine.plan(machine.MachineConfig(device_counts=(1, 2)), probe("gpu", 4, 32))
+        machine.machine_points(machine.MachineConfig(device_counts=(1, 2)), probe("gpu", 4, 32))
 
 
 def test_without_torch_and_mpi4jax_the_rest_runs_and_says_why(monkeypatch):
     monkeypatch.setattr(optional, "available", lambda module: False)
-    monkeypatch.setattr(rank_scaling, "check", lambda *a: (_ for _ in ()).throw(ConfigError("no mpi4jax")))
-    planned, skipped = machine.plan(machine.MachineConfig(models=("mlp",)), probe("cpu", 1, 4))
+    monkeypatch.setattr(machine, "check_ranks", lambda *a: (_ for _ in ()).throw(ConfigError("no mpi4jax")))
+    planned, skipped = machine.machine_points(machine.MachineConfig(models=("mlp",)), probe("cpu", 1, 4))
     assert folders(planned) == ["devices/mlp-single-1", "devices/mlp-dp-shard-map-2",
                                 "devices/mlp-dp-shard-map-4"]
     assert "optional dependency torch" in skipped["torch"] and skipped["ranks"] == "no mpi4jax"
@@ -97,7 +97,7 @@ def test_speed_ups_are_over_one_worker_and_over_pytorch():
 def test_points_past_the_budget_are_listed_not_started(tmp_path):
     config = machine.MachineConfig(out=str(tmp_path), budget=60)
     planned = [machine.one_device(config, "cnn"), machine.torch_eager(config, "cnn", "cpu")]
-    records, failed, unstarted = machine.measure(config, planned, deadline=time.monotonic() + 1)
+    records, failed, unstarted = machine.measure_points(config, planned, deadline=time.monotonic() + 1)
     assert records == [] and failed == {} and set(unstarted) == {"one-device/cnn", "torch/cnn"}
     assert "60 s budget spent" in unstarted["torch/cnn"]
 
@@ -117,7 +117,7 @@ def test_quick_form_measures_resumes_and_reports(tmp_path, capsys):
     rows = study.metrics["rows"]
     parts = {(r["part"], r["workers"]) for r in rows}
     assert {("one-device", 1), ("devices", 1), ("devices", 2)} <= parts
-    mpi = importlib.util.find_spec("mpi4jax") is not None and machine.points.mpiexec().exists()
+    mpi = importlib.util.find_spec("mpi4jax") is not None and mpiexec().exists()
     assert (("ranks", 2) in parts) is mpi
     one = next(r for r in rows if r["part"] == "devices" and r["workers"] == 1)
     assert one["threads_per_process"] == 1 and one["speedup"] == 1.0
@@ -130,12 +130,12 @@ def test_quick_form_measures_resumes_and_reports(tmp_path, capsys):
 
     data = tmp_path / "data"
     shutil.copytree(out, data / "machines" / "there")  # a second machine beside it
-    loaded = sources.load(data, "machines")
+    loaded = sources.load_source(data, "machines")
     assert [m["files"][0].parent.name for m in loaded["machines"]] == ["here", "there"]
-    table = tables.other_machines(data)
+    table = tables.TABLES["other-machines"](data)
     assert table.count("| here: ") == 1 and table.count("| there: ") == 1
     assert f"{study.env['cores_available']}-core" in table
-    png = plots_studies.machines_speedup(loaded, tmp_path)
+    png = machine_figures.machines_speedup(loaded, tmp_path)
     assert png.stat().st_size > 10_000
 
 
@@ -143,4 +143,4 @@ def test_a_damaged_machine_file_names_the_command(tmp_path):
     (tmp_path / "machines" / "x").mkdir(parents=True)
     (tmp_path / "machines" / "x" / "machine.json").write_text("{")
     with pytest.raises(results.ResultsError, match="python -m experiments machine --out"):
-        sources.load(tmp_path, "machines")
+        sources.load_source(tmp_path, "machines")

@@ -20,7 +20,7 @@ from experiments.publish import tables
 from experiments.__main__ import run
 from jaxpar import results
 from jaxpar.errors import ConfigError
-from test_cluster import needs_mpi, needs_root
+from cross_host import needs_mpi, needs_root
 
 
 
@@ -30,7 +30,7 @@ def _one_machine_wide_file_at_a_time(machine_wide):
 
 
 def test_plan_takes_each_strategy_on_the_models_it_places_and_records_the_link():
-    refs, across = network.plan(network.NetworkConfig())
+    refs, across = network.network_points(network.NetworkConfig())
     assert list(across) == ["100mbit", "1gbit", "10gbit", "unlimited"]
     assert [p.folder for p in refs] == ["one-host/cnn-single", "one-host/mlp-single"]
     assert all(p.ranks == 1 and p.config.parallel.single_thread and p.bench.wire is None for p in refs)
@@ -45,7 +45,7 @@ def test_plan_takes_each_strategy_on_the_models_it_places_and_records_the_link()
 
 def test_a_bad_bandwidth_is_refused_before_any_work(tmp_path):
     with pytest.raises(ConfigError, match="--bandwidth"):
-        network.plan(network.NetworkConfig(bandwidths=("1gbit", "fast"), out=str(tmp_path / "x")))
+        network.network_points(network.NetworkConfig(bandwidths=("1gbit", "fast"), out=str(tmp_path / "x")))
     assert not (tmp_path / "x").exists()
 
 
@@ -97,6 +97,6 @@ def test_quick_study_across_two_hosts(tmp_path):
     assert study.metrics["references"][0]["strategy"] == "single"
     table = tables.TABLES["network"](tmp_path)
     assert "| mlp | mpi-allreduce | gradients | 100mbit |" in table and "*mlp:*" in table
-    assert sources.load(tmp_path, "network")["config"]["hosts"] == 2
+    assert sources.load_source(tmp_path, "network")["config"]["hosts"] == 2
     png = plots_network.network_bandwidth(json.loads((out / "network.json").read_text()), tmp_path)
     assert png.stat().st_size > 10_000

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from experiments.__main__ import EXIT_USAGE, run
-from experiments.points.points import mpiexec, run_point
+from experiments.points.mpi import mpiexec
+from experiments.points.points import run_point
 from jaxpar import results
 
 needs_mpi = pytest.mark.skipif(

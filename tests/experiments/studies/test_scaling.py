@@ -25,7 +25,7 @@ def test_rounds_go_over_every_point_in_turn_each_round_rotated():
     """Round k of every point before round k + 1 of any, in FOLDER/r<k>, each round starting
     further along the list, so a slow spell falls on other points each round."""
     config = dataclasses.replace(scaling.QUICK, rounds=3, strategies=("dp-pmap", "dp-shard-map", "fsdp"))
-    planned = [p.folder for p in scaling.plan(config)]
+    planned = [p.folder for p in scaling.scaling_points(config)]
     assert len(planned) == 12 and len(set(planned)) == 12
     base = [f.removesuffix("/r0") for f in planned[:4]]
     assert base == ["strong/mlp-single-1", "strong/mlp-dp-pmap-2", "strong/mlp-dp-shard-map-2",

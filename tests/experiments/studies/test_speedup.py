@@ -6,7 +6,7 @@ mode and model config), the best single-process point, and both figures drawn.
 
 import pytest
 
-from experiments.publish import plotting as plots
+from experiments.studies.scaling import figures as scaling_figures
 from experiments.studies.scaling import speedup
 from jaxpar import results
 from jaxpar.config import TrainConfig, to_dict, with_options
@@ -60,7 +60,8 @@ def test_speedups_use_the_baseline_of_their_mode_and_model_config(study):
 def test_both_scaling_figures_are_drawn_from_the_results(study, tmp_path):
     out = tmp_path / "figures"
     out.mkdir()
-    paths = plots.scaling_figures(speedup.load_points(study), out)
+    loaded = {"points": speedup.load_points(study)}
+    paths = [scaling_figures.devices_figure(loaded, out), scaling_figures.ranks_figure(loaded, out)]
     assert [p.name for p in paths] == ["scaling_devices.png", "scaling_ranks.png"]
     assert all(p.stat().st_size > 10_000 for p in paths)
 

@@ -9,6 +9,7 @@ import pytest
 
 from conftest import requires_devices
 from experiments.studies.strategies import study
+from experiments.studies.strategies import tables as strategies_tables
 from experiments.__main__ import EXIT_USAGE, run
 
 
@@ -95,11 +96,11 @@ def test_mpi_strategies_are_skipped_with_the_reason_when_mpi_is_missing(monkeypa
     monkeypatch.setattr(study, "_mpi_missing", lambda: "mpi4jax is not installed")
     args = build_parser(COMMANDS).parse_args(["strategies", "--strategies", "single,mpi-allreduce"])
     config = options_from_args(args, study.StrategiesConfig())
-    names, skipped = study.plan(config)
+    names, skipped = study.chosen_strategies(config)
     assert names == ["single"] and skipped == {"mpi-allreduce": "mpi4jax is not installed"}
     assert config.strategies == ("single", "mpi-allreduce")
-    assert study.point("single", config).bench.matmul_peak is False  # --no-matmul-peak
-    mpi = study.point("mpi-allreduce", config)  # --devices ranks of one device each
+    assert study.strategy_point("single", config).bench.matmul_peak is False  # --no-matmul-peak
+    mpi = study.strategy_point("mpi-allreduce", config)  # --devices ranks of one device each
     assert (mpi.ranks, mpi.config.parallel.devices, mpi.config.parallel.single_thread) == (4, 1, True)
 
 
@@ -109,7 +110,7 @@ def test_the_cnn_gets_model_parallel_rows_and_hybrid_is_skipped_with_why(tmp_pat
     their theory says and gems holds two stages per device."""
     import dataclasses
 
-    names, skipped = study.plan(dataclasses.replace(study.StrategiesConfig(), model="cnn"))
+    names, skipped = study.chosen_strategies(dataclasses.replace(study.StrategiesConfig(), model="cnn"))
     assert {"layer-split", "pipeline", "gems", "tensor", "tensor-auto"} <= set(names)
     assert "hybrid" not in names and "--model cnn" in skipped["hybrid"]
     config = dataclasses.replace(study.QUICK, model="cnn", devices=2, batch_size=16, microbatches=4,
@@ -163,7 +164,7 @@ def test_rounds_are_grouped_by_point_and_the_median_round_picked():
 
     from experiments.points import points
 
-    planned = [study.point(s, study.QUICK) for s in ("single", "dp-auto", "fsdp")]
+    planned = [study.strategy_point(s, study.QUICK) for s in ("single", "dp-auto", "fsdp")]
     rounds = points.in_rounds(planned, 3)  # rotated: round 1 starts at dp-auto
     steps = {"single": [5.0, 9.0, 4.0], "dp-auto": [7.0, 6.0, 8.0], "fsdp": [1.0, 3.0, 2.0]}
     outcomes = [SimpleNamespace(metrics={"step_time_ms_median": steps[p.folder.split("/")[1]][int(p.folder[-1])]})
@@ -194,7 +195,7 @@ def test_mpi_rows_get_single_on_one_thread_beside_them(tmp_path):
     measured = json.loads((tmp_path / reference["point"] / "r0" / "result.json").read_text())
     assert measured["config"]["parallel"]["single_thread"] and measured["env"]["threads_per_process"] == 1
     assert reference["ms_per_step"] > 0 and reference["strategy"] == "single"
-    assert study.one_thread_note(reference) in (tmp_path / "summary.md").read_text()
+    assert strategies_tables.one_thread_note(reference) in (tmp_path / "summary.md").read_text()
     alone = dataclasses.replace(config, strategies=("single",), out=str(tmp_path / "alone"))
     assert study.run(alone)  # no MPI row, no reference
     assert json.loads((tmp_path / "alone" / "strategies.json").read_text())["metrics"]["one_thread"] is None

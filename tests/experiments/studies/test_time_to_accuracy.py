@@ -59,10 +59,10 @@ def test_data_parallel_reaches_the_target_at_singles_step_reproducibly(tmp_path,
     # The docs' table: per strategy its time to target (steps) and its state per device beside
     # it; a row written before the state was recorded shows it blank.
     row = f"| mpi-allreduce | 2 ranks | {mpi['time_s']:.1f} s ({mpi['steps']}) | {mpi['state_bytes_per_device'] / 1e6:.2f} |"
-    assert row in tables.time_to_accuracy(tmp_path / "data")
+    assert row in tables.TABLES["time-to-accuracy"](tmp_path / "data")
     del data["metrics"]["rows"][0]["state_bytes_per_device"]
     (study / "time_to_accuracy.json").write_text(json.dumps(data))
-    assert f"| single | 1 | {single['time_s']:.1f} s ({single['steps']}) |  |" in tables.time_to_accuracy(tmp_path / "data")
+    assert f"| single | 1 | {single['time_s']:.1f} s ({single['steps']}) |  |" in tables.TABLES["time-to-accuracy"](tmp_path / "data")
 
     # The figure comes from the JSON alone.
     assert run(["figures", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "png")]) == 0
@@ -121,7 +121,7 @@ def test_by_default_every_strategy_on_singles_trajectory_is_a_point():
 
     config = tta.TimeToAccuracyConfig()
     assert tta.targets(config) == {"mlp": 0.88, "cnn": 0.91, "resnet": RESNET_TARGET}
-    planned = tta.plan(config)
+    planned = tta.time_to_accuracy_points(config)
     model_parallel = {"layer-split", "pipeline-gpipe", "pipeline-1f1b", "gems", "mpi-pipeline-gpipe",
                       "mpi-pipeline-1f1b"}
     data_parallel = {"single", "dp-pmap", "dp-shard-map", "dp-auto", "fsdp", "mpi-allreduce",
