@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.cost import check as cost_check
-from experiments.publish.markdown import DASH, markdown
-from jaxpar import cost
+from experiments.publish.markdown import DASH, bullets, listing, markdown, percent, span
+from jaxpar import cost, results
 
 
 def _pct(x: float | None) -> str:
@@ -68,5 +68,39 @@ def h100_table(data_dir: Path) -> str:
                      for r in cost_check.assumed_h100_rows(data_dir)])
 
 
-TABLES = {"cost-summary": cost_summary_table, "cost-points": cost_points_table,
+def _errors(rows: list[dict], study: str, model: str, strategy: str) -> dict[int, float]:
+    """{devices or ranks: anchored error} of one strategy's points in one study."""
+    return {r["devices"]: r["error"] for r in rows if (r["study"], r["model"], r["strategy"]) == (study, model, strategy)
+            and "error" in r and not r["anchor"] and "/strong/" in f"/{r['point']}/"}
+
+
+def cost_findings(data_dir: Path) -> str:
+    """The profile's session, the misses the check names, and the assumed H100 against a measured one."""
+    rows = cost_check.check_rows(data_dir)
+    summary = {s["study"]: s for s in cost_check.error_summary(rows)}
+    profile = results.load(Path(data_dir) / cost_check.PROFILE_UNDER_DATA).metrics
+    threads = [every / one for e in profile["models"].values()
+               for every, one in zip(e["steps"]["step_ms_median"], e["steps_one_thread"]["step_ms_median"])]
+    said = lambda errors: listing([f"{percent(e, signed=True)} on {n}" for n, e in sorted(errors.items())])  # noqa: E731
+    four = {s: _errors(rows, "scaling-ranks", "cnn", s).get(4) for s in ("dp-auto", "pipeline", "layer-split")}
+    lines = [f"The check covers {summary['all']['covered']} of {summary['all']['points']} committed points, anchored: "
+             f"median error {percent(summary['all']['median'])}, {summary['all']['beyond_25']} beyond 25%; "
+             f"the profile alone {percent(summary['all']['median_profile'])}.",
+             f"In the profile's session the every-core step of each model at each batch was "
+             f"{span(threads, '.2f', 'x')} its one-thread step: XLA's second thread sometimes cost more than it bought.",
+             f"`tensor` across processes on one host: {said(_errors(rows, 'scaling-ranks', 'cnn', 'tensor'))} ranks; "
+             f"`tensor-auto` {said(_errors(rows, 'scaling-ranks', 'cnn', 'tensor-auto'))}.",
+             "On 4 processes, more than the cores: " + ", ".join(
+                 f"`{s}` {percent(e, signed=True)}" for s, e in four.items() if e is not None) + ".",
+             f"The network study's {summary['network']['covered']} points, each collective priced as the profile "
+             f"measured it across 2 emulated hosts at the point's bandwidth: median error "
+             f"{percent(summary['network']['median'])}."]
+    h100 = cost_check.assumed_h100_rows(data_dir)
+    if h100:
+        lines.append(f"The assumed H100 predicts `single`'s step {span([1 / r['ratio'] for r in h100], '.1f', 'x')} "
+                     f"faster than the measured H100 ran it ({len(h100)} model and batch pairs).")
+    return bullets(lines)
+
+
+TABLES = {"cost-findings": cost_findings, "cost-summary": cost_summary_table, "cost-points": cost_points_table,
           "cost-assumptions": assumptions_table, "cost-h100": h100_table}

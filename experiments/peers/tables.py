@@ -10,7 +10,7 @@ from pathlib import Path
 
 from experiments.peers.rows import chained
 from experiments.publish import sources
-from experiments.publish.markdown import DASH
+from experiments.publish.markdown import DASH, bullets, listing, times
 from jaxpar import results
 
 
@@ -125,4 +125,55 @@ def mp_table(mp: dict) -> str:
     return "\n".join(lines)
 
 
-TABLES = {"peers": peers_report_table, "peers-model-parallel": peers_model_parallel}
+PEER_NAMES = {"torch-eager": "PyTorch eager", "torch-compile": "PyTorch's `torch.compile`",
+              "torch-ddp": "PyTorch DDP"}
+
+
+def peers_findings(data_dir: Path) -> str:
+    """jaxpar over PyTorch per model and configuration, the best single process, the peaks."""
+    m = sources.load_source(data_dir, "peers")["metrics"]
+    rows = {(r["model"], r["config"]): r for r in m["rows"]}
+    models = list(dict.fromkeys(r["model"] for r in m["rows"]))
+    ratio = lambda r: f"{times(r['ratio_vs_peer'])} {PEER_NAMES[r['peer']]}"  # noqa: E731
+    lines = [f"{model}: `single` on one device runs {ratio(rows[(model, 'jaxpar-single')])}"
+             + (f", `mpi-allreduce` on 2 single-threaded ranks {ratio(rows[(model, 'jaxpar-ranks')])} on the same ranks"
+                if (model, "jaxpar-ranks") in rows else "") + "." for model in models]
+    best = {model: rows[(model, "jaxpar-best")] for model in models if (model, "jaxpar-best") in rows}
+    slower = [r for r in best.values() if r.get("screened_pick")]
+    lines.append("jaxpar's best single-process configuration, the faster of the screen's pick and `single` in "
+                 "the rounds: " + "; ".join(f"{model}: {r['what'].removeprefix('best single-process: ')}"
+                                            for model, r in best.items())
+                 + "".join(f"; the {r['model']}'s pick, {r['screened_pick']}, ran "
+                           f"{r['screened_pick_ms_per_step']:.1f} ms a step in the rounds against `single`'s "
+                           f"{rows[(r['model'], 'jaxpar-single')]['ms_per_step']:.1f}" for r in slower) + ".")
+    peaks = {r["framework"]: r["peak_gflops"] for r in m["rows"] if r["peak_gflops"]}
+    if len(peaks) == 2:
+        lines.append(f"The matmul peak (2048^3 float32, measured in every round): XLA {peaks['jaxpar']:.0f} GFLOP/s, "
+                     f"PyTorch {peaks['pytorch']:.0f} ({times(peaks['jaxpar'] / peaks['pytorch'], 1)}).")
+    return bullets(lines)
+
+
+def peers_mp_findings(data_dir: Path, aim: float = 1.5) -> str:
+    """jaxpar's model parallelism over PyTorch's, per configuration, and what meets `aim`."""
+    mp = sources.load_source(data_dir, "peers")["metrics"]["model_parallel"]
+    rows = {r["config"]: r for r in mp["rows"]}
+    jaxpar = [r for r in mp["rows"] if r["peer"]]
+    pair = lambda kind: [rows[f"{kind}-{s}"] for s in mp["config"]["schedules"] if f"{kind}-{s}" in rows]  # noqa: E731
+    said = lambda rs, what: (f"{what}: " + " and ".join(  # noqa: E731
+        f"{times(r['ratio_vs_peer'])} under {r['config'].rsplit('-', 1)[1].upper().replace('GPIPE', 'GPipe')} "
+        f"({r['ms_per_step']:.1f} ms against {rows[r['peer']]['ms_per_step']:.1f})" for r in rs)) if rs else ""
+    lines = [said(pair("jaxpar-mpi-pipeline"), "`mpi-pipeline`, a stage per MPI rank, over PyTorch's pipelining"),
+             said(pair("jaxpar-pipeline-ranks"), "`pipeline` on one jax.distributed mesh over the 2 ranks"),
+             said(pair("jaxpar-pipeline-devices"), "`pipeline` on 2 simulated devices in one process")]
+    if "jaxpar-tensor-ranks" in rows:
+        r = rows["jaxpar-tensor-ranks"]
+        lines.append(f"`tensor` over the 2 ranks: {times(r['ratio_vs_peer'])} DTensor's split "
+                     f"({r['ms_per_step']:.1f} ms against {rows[r['peer']]['ms_per_step']:.1f})")
+    short = [r["what"].split(",")[0] for r in jaxpar if r["ratio_vs_peer"] < aim]
+    lines.append(f"Every jaxpar row runs {aim}x its PyTorch peer or more" if not short else
+                 f"Below {aim}x their PyTorch peer: {listing(short)}")
+    return bullets([line + "." for line in lines if line])
+
+
+TABLES = {"peers": peers_report_table, "peers-model-parallel": peers_model_parallel,
+          "peers-findings": peers_findings, "peers-model-parallel-findings": peers_mp_findings}

@@ -1,5 +1,7 @@
-"""Write every results table in README.md and docs/*.md from the committed results, the way
-`figures` redraws the PNGs; `--check` changes nothing and fails naming each stale table.
+"""Write every results table, and every sentence of findings, in README.md and docs/ from the
+committed results, the way `figures` redraws the PNGs; `--check` changes nothing and fails
+naming each stale one. Either way a measured number typed into the prose around them (outside
+the markers: `experiments.publish.typed`) fails too, named: measurements are generated.
 
     python -m experiments report             # rewrite the tables between their markers
     python -m experiments report --check     # exit 1 naming every table that differs
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from experiments.options import option
 from experiments.publish.tables import TABLES
+from experiments.publish.typed import typed_measurements
 from jaxpar.errors import ConfigError
 from jaxpar.results import write_atomic
 
@@ -91,9 +94,14 @@ def run(args: ReportOptions) -> list[str] | None:
     if not (root / "README.md").is_file():
         raise ConfigError(f"no README.md in {root.resolve()}; run from the repository root or pass --root")
     stale = report(root, Path(args.data), args.check)
+    typed = typed_measurements(root, documents(root))
+    if typed:
+        print("measured numbers typed into the prose (generate them from the results, or list a "
+              "number that is no measurement in experiments/publish/typed.py):\n  " + "\n  ".join(typed),
+              file=sys.stderr)
     if args.check and stale:
         print("stale tables (run `python -m experiments report`):\n  " + "\n  ".join(stale), file=sys.stderr)
         return None
     print(f"rewrote {', '.join(stale)}" if stale else
           f"every table in {len(documents(root))} file(s) matches {args.data}")
-    return stale
+    return None if typed else stale

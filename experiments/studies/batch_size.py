@@ -37,7 +37,7 @@ import numpy as np
 from experiments import options
 from experiments.options import option
 from experiments.publish import sources
-from experiments.publish.markdown import DASH, markdown, num
+from experiments.publish.markdown import DASH, bullets, listing, markdown, num, span, times
 from experiments.publish.plotting import legend_below, pyplot, save
 from experiments.studies import trials
 from experiments.studies.study import Study, at_least
@@ -287,8 +287,47 @@ def batch_size_figure(result: dict, out: Path) -> Path:
     legend_below(fig, handles, [h.get_label() for h in handles], ncol=4)
     return save(fig, out / "batch_size.png")
 
+def _momenta(config: dict) -> list[float]:
+    """The grid's momenta (an older results file wrote the flag's text: '0.9,0.99')."""
+    momenta = config["momenta"]
+    return [float(m) for m in (momenta.split(",") if isinstance(momenta, str) else momenta)]
 
-TABLES = {"batch-size": batch_size_table}
+
+def batch_size_findings(data_dir: Path) -> str:
+    """The regimes in words, the steps each doubling buys, and the best hyperparameters."""
+    r = sources.load_source(data_dir, "batch-size")
+    rows = [x for x in r["metrics"]["rows"] if x["reached"]]
+    sizes, steps = [x["batch_size"] for x in rows], [x["steps"] for x in rows]
+    regimes = scaling_regimes(sizes, steps)
+    fewest = min(x["examples"] for x in rows)
+    at = lambda regime: [i for i, g in enumerate(regimes) if g == regime]  # noqa: E731
+    perfect, fading, maximal = at("perfect scaling"), at("diminishing returns"), at("maximal data parallelism")
+    lines = [f"Perfect scaling from batch {sizes[perfect[0]]} to {sizes[perfect[-1]]}: each doubling "
+             f"halves the steps ({', '.join(num(steps[i]) for i in perfect)}), the examples within "
+             f"{span([rows[i]['examples'] / fewest for i in perfect], '.2f', 'x')} the fewest ({num(fewest / 1e3)}k)."]
+    if fading:
+        gains = [steps[i - 1] / steps[i] for i in fading if i > 0]
+        lines.append(f"Diminishing returns from batch {sizes[fading[0]]} to {sizes[fading[-1]]}: each "
+                     f"doubling buys {span(gains, '.1f', 'x')} fewer steps, not 2x.")
+    for i in maximal:
+        verb = "more" if steps[i] > steps[i - 1] else "no fewer"
+        lines.append(f"Maximal data parallelism at batch {sizes[i]}: it needs {verb} steps than "
+                     f"{sizes[i - 1]} ({num(steps[i])} against {num(steps[i - 1])}), "
+                     f"{times(rows[i]['examples'] / fewest)} the fewest examples.")
+    lines += [f"Batch {sizes[i]} needs {times(rows[i]['examples'] / fewest)} the fewest examples: before "
+              "the perfect regime but outside its 1.25x, so unclassified." for i in at("unclassified")]
+    lr = [round(math.log2(x["best_lr"])) for x in rows]
+    top = lr.index(max(lr))
+    lines.append(f"The best learning rate grows with the batch, from 2^{lr[0]} at batch {sizes[0]} to "
+                 f"2^{lr[perfect[-1]]} at {sizes[perfect[-1]]}, and reaches its largest, 2^{lr[top]}, at batch "
+                 f"{sizes[top]}, where it stays.")
+    never = [f"{m:g}" for m in _momenta(r["config"]) if m not in {x["best_momentum"] for x in rows}]
+    if never:
+        lines.append(f"Momentum {listing(never)} never won.")
+    return bullets(lines)
+
+
+TABLES = {"batch-size": batch_size_table, "batch-size-findings": batch_size_findings}
 FIGURES = (("batch-size", (("batch_size.png", batch_size_figure),)),)
 
 

@@ -31,7 +31,7 @@ from experiments.options import BenchOptions, option
 from experiments.points import points
 from experiments.points.points import Point
 from experiments.publish import sources
-from experiments.publish.markdown import DASH, markdown, num
+from experiments.publish.markdown import DASH, bullets, listing, markdown, num, percent, span, times
 from experiments.studies.study import Study, at_least
 from jaxpar import results
 from jaxpar.config import TrainConfig, with_options
@@ -133,7 +133,40 @@ def bounds_table(data_dir: Path) -> str:
           DASH if r["bubble_fraction"] is None else f"{r['bubble_fraction']:.0%}"] for r in rows])
 
 
-TABLES = {"bounds": bounds_table}
+def _point_result(data_dir: Path, row: dict) -> results.RunResult:
+    """The first round's result of a row's point (what every round records alike)."""
+    folder = sources.path_of(data_dir, "bounds").parent / row["point"]
+    return results.load(points.round_files(folder)[0])
+
+
+def bounds_findings(data_dir: Path) -> str:
+    """Which strategies meet their limits, by how much, and what bounds a pipeline of the model."""
+    rows = sources.load_source(data_dir, "bounds")["metrics"]["rows"]
+    lines = []
+    for n in dict.fromkeys(r["devices"] for r in rows):
+        here = [r for r in rows if r["devices"] == n and r["limit"] is not None]
+        missed = [r for r in here if not r["met"]]
+        single = next(r for r in rows if r["devices"] == n and r["limit"] is None)
+        verdict = ("every strategy within its limit" if not missed else
+                   f"all within their limits but {listing([r['label'] for r in missed])}")
+        lines.append(f"On {n} devices, {verdict} (each step over `single`'s, its limit in brackets): "
+                     + ", ".join(f"{r['label']} {times(r['ratio'])} ({r['limit']}x)" for r in here)
+                     + "".join(f"; {r['label']}'s rounds {span(r['ms_per_step_rounds'], '.1f', ' ms')} against "
+                       f"`single`'s {span(single['ms_per_step_rounds'], '.1f', ' ms')}" for r in missed) + ".")
+    staged = {r["label"]: r for r in rows if r["devices"] == min(r["devices"] for r in rows)}
+    gpipe, f1b = (_point_result(data_dir, staged[k]) for k in ("pipeline gpipe", "pipeline 1f1b"))
+    flops = gpipe.strategy["stage_flops_per_example"]
+    lines.append(f"GPipe holds every micro-batch's activations until its backward: "
+                 f"{gpipe.metrics['activation_bytes_per_device'] / 1e6:.1f} MB of temporaries against 1F1B's "
+                 f"{f1b.metrics['activation_bytes_per_device'] / 1e6:.1f} MB on {len(flops)} devices.")
+    lines.append(f"Cut between whole layers ({' | '.join(', '.join(s) for s in gpipe.strategy['stage_layers'])}), "
+                 f"stage 0 holds {percent(flops[0] / sum(flops))} of the model's FLOPs, which bounds a "
+                 f"{len(flops)}-stage GPipe at {times(gpipe.strategy['speedup_bound'])} one worker even on "
+                 "devices of their own (`speedup_bound` in its `describe()`).")
+    return bullets(lines)
+
+
+TABLES = {"bounds": bounds_table, "bounds-findings": bounds_findings}
 
 
 STUDY = Study("bounds", "each model-parallel strategy's step (pipeline gpipe/1f1b, gems, tensor) "

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.publish import sources
-from experiments.publish.markdown import markdown
+from experiments.publish.markdown import bullets, markdown, times
 
 
 def hparam_table(data_dir: Path) -> str:
@@ -32,4 +32,23 @@ def hparam_table(data_dir: Path) -> str:
                      "same best over seeds one by one", "largest loss difference (trial)"], out)
 
 
-TABLES = {"hparam": hparam_table}
+def hparam_findings(data_dir: Path) -> str:
+    """Where vmapped trials win, whether both ways pick the same best, how far they drift."""
+    study = sources.load_source(data_dir, "hparam")
+    groups, m = study["metrics"]["groups"], study["metrics"]
+    same = [g for g in groups if (g["best_over_seeds"]["lr"], g["best_over_seeds"]["momentum"])
+            == (g["best_over_seeds_sequential"]["lr"], g["best_over_seeds_sequential"]["momentum"])]
+    worst = max(groups, key=lambda g: g["max_loss_diff"])
+    best = m["best"]
+    return bullets([
+        f"{groups[0]['trials']} trials a group as one vmapped program, against one after another (training "
+        "time, compilation apart): " + ", ".join(
+            f"width {g['width']} depth {g['depth']} {times(g['speedup'])}" for g in groups) + ".",
+        f"The best (lr, momentum) averaged over the seeds is the same both ways in {len(same)} of "
+        f"{len(groups)} groups; the largest loss difference between the two ways, "
+        f"{worst['max_loss_diff']:.2g}, is in the width {worst['width']} depth {worst['depth']} group.",
+        f"The best trial of all: width {best['width']}, depth {best['depth']}, lr {best['lr']:g}, momentum "
+        f"{best['momentum']:g}, seed {best['seed']}: validation accuracy {best['val_accuracy']:.3f}."])
+
+
+TABLES = {"hparam": hparam_table, "hparam-findings": hparam_findings}

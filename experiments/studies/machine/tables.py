@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.publish import sources
-from experiments.publish.markdown import DASH, markdown, num
+from experiments.publish.markdown import DASH, bullets, markdown, num, times
 from experiments.publish.measured_on import machine_name, revision_words
 from experiments.studies.machine.rows import load_words
 
@@ -72,4 +72,27 @@ def machine_summary(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-TABLES = {"other-machines": other_machines_table}
+def machines_findings(data_dir: Path) -> str:
+    """Per machine: one device against PyTorch eager, the matmul peak reached, and what running
+    every worker at once does to one worker's step."""
+    lines = []
+    for m in sources.load_source(data_dir, "machines")["machines"]:
+        name, rows = m["files"][0].parent.name, m["metrics"]["rows"]
+        one = [r for r in rows if r["part"] == "one-device" and r["speedup"] is not None]
+        line = f"`{name}`: one device runs " + ", ".join(f"the {r['model']} {times(r['speedup'])}" for r in one) + " PyTorch eager"
+        peak = next((r for r in one if r.get("percent_of_peak") is not None), None)
+        if peak:
+            line += f"; the {peak['model']}'s step reaches {peak['percent_of_peak']:.1f}% of the float32 matmul peak measured beside it"
+        crowded = []
+        for model in dict.fromkeys(r["model"] for r in rows):
+            devices = sorted((r for r in rows if r["model"] == model and r["part"] == "devices"), key=lambda r: r["workers"])
+            if len(devices) > 1:
+                alone, all_of = devices[0], devices[-1]
+                crowded.append(f"the {model} {alone['ms']:.1f} ms alone, {all_of['ms']:.1f} ms as one of {all_of['workers']}")
+        if crowded:
+            line += "; one single-threaded device's step (weak scaling), " + "; ".join(crowded)
+        lines.append(line + ".")
+    return bullets(lines)
+
+
+TABLES = {"other-machines": other_machines_table, "other-machines-findings": machines_findings}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.publish import sources
-from experiments.publish.markdown import DASH
+from experiments.publish.markdown import DASH, bullets, listing, percent, span, times
 from experiments.studies.network.rows import HEADER_BYTES, crossover_words, position
 from jaxpar.parallel import STRATEGIES
 
@@ -67,4 +67,55 @@ def network_summary(study: dict) -> str:
             f"counters over the timed steps, {HEADER_BYTES} header bytes per packet aside.\n")
 
 
-TABLES = {"network": network_report}
+def network_findings(data_dir: Path) -> str:
+    """Bytes on the wire against theory, what the slowest link costs, and each model's crossing."""
+    m = sources.load_source(data_dir, "network")["metrics"]
+    rows, refs = m["rows"], {r["model"]: r for r in m["references"]}
+    finite = sorted({r["rate_bits_per_s"] for r in rows if r["rate_bits_per_s"]})
+    order = sorted({r["bandwidth"] for r in rows}, key=lambda b: position(b, finite))
+    slow, fast = order[0], order[-1]
+    at = lambda model, s, bw: next((r for r in rows if (r["model"], r["strategy"], r["bandwidth"]) == (model, s, bw)), None)  # noqa: E731
+    wired = [r for r in rows if r["wire_busier_per_step"] and r["theory_wire_per_step"]]
+    off = [abs(r["wire_busier_per_step"] / r["theory_wire_per_step"] - 1) for r in wired]
+    theory = lambda model: listing([  # noqa: E731
+        f"`{s}` {at(model, s, slow)['theory_wire_per_step'] / 1e6:.2f} MB"
+        for s in ("mpi-allreduce", "mpi-param-server", "pipeline", "tensor") if at(model, s, slow)])
+    lines = [f"Every strategy put its theory's bytes on the wire to within {percent(max(off))} (headers aside; "
+             f"{len(wired)} points): " + "; ".join(f"{model} {theory(model)}" for model in refs)
+             + " a step, the busier way."]
+    beaten = [r for r in rows if r["bandwidth"] == slow and r["vs_one_host"] and r["vs_one_host"] >= 1]
+    exposed = {r["strategy"]: r["exposed_comm_ms"] / r["link_ms"] for r in rows
+               if r["bandwidth"] == slow and r["model"] == "cnn" and r["link_ms"] and r["exposed_comm_ms"] is not None}
+    lines.append(f"At {slow} " + ("nothing beats one host" if not beaten else
+                                   f"{listing([r['strategy'] for r in beaten])} beat one host")
+                 + "; on the CNN the exposed communication is " + ", ".join(
+                     f"`{s}` {times(x, 1)}" for s, x in sorted(exposed.items(), key=lambda kv: kv[1]))
+                 + " the theory's bytes at the link's rate.")
+    both, one = at("cnn", "pipeline", slow), at("cnn", "mpi-pipeline", slow)
+    if both and one:
+        lines.append(f"On the CNN at {slow}, `pipeline`, whose sends never wait, takes {both['ms_per_step']:.0f} ms "
+                     f"({times(both['exposed_comm_ms'] / both['link_ms'], 1)} one direction's link time) and "
+                     f"`mpi-pipeline`, every activation before any gradient, {one['ms_per_step']:.0f} ms "
+                     f"({times(one['exposed_comm_ms'] / one['link_ms'], 1)}).")
+    for model, ref in refs.items():
+        top = {bw: max((r for r in rows if r["model"] == model and r["bandwidth"] == bw),
+                       key=lambda r: r["images_per_sec"]) for bw in order}
+        lines.append(f"{model}: one host {ref['ms_per_step']:.1f} ms a step; the fastest on 2 hosts: " + ", ".join(
+            f"{bw} `{r['strategy']}` {r['ms_per_step']:.1f} ms ({times(r['vs_one_host'])} one host)"
+            for bw, r in top.items()) + ".")
+    grads = {model: at(model, "mpi-allreduce", slow) for model in refs}
+    acts = {model: at(model, "pipeline", slow) for model in refs}
+    lines += [f"{model}: the pipeline's boundary is {acts[model]['theory_wire_per_step'] / 1e6:.2f} MB a step against "
+              f"{grads[model]['theory_wire_per_step'] / 1e6:.2f} MB of gradients; `pipeline` against `mpi-allreduce`: "
+              + ", ".join(f"{bw} {at(model, 'pipeline', bw)['ms_per_step']:.1f} against "
+                          f"{at(model, 'mpi-allreduce', bw)['ms_per_step']:.1f} ms" for bw in order) + "."
+              for model in refs if acts[model] and grads[model]]
+    distributed = [at("cnn", s, fast) for s in ("dp-auto", "dp-shard-map", "fsdp", "local-sgd") if at("cnn", s, fast)]
+    if distributed and at("cnn", "mpi-allreduce", fast):
+        lines.append(f"The data-parallel strategies on one jax.distributed mesh run the CNN at {fast} in "
+                     f"{span([r['ms_per_step'] for r in distributed], '.1f', ' ms')}, `mpi-allreduce` in "
+                     f"{at('cnn', 'mpi-allreduce', fast)['ms_per_step']:.1f} ms.")
+    return bullets(lines)
+
+
+TABLES = {"network": network_report, "network-findings": network_findings}

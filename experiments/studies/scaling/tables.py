@@ -11,7 +11,7 @@ from pathlib import Path
 
 from experiments.points import points
 from experiments.publish import sources
-from experiments.publish.markdown import DASH, markdown, num, theory_total
+from experiments.publish.markdown import DASH, bullets, listing, markdown, num, percent, span, theory_total, times
 from experiments.studies.scaling import speedup
 from jaxpar.parallel import STRATEGIES
 
@@ -122,6 +122,73 @@ def ranks_summary(found: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _pick(rows: list[dict], **match) -> list[dict]:
+    return [r for r in rows if all(r[k] == v for k, v in match.items())]
+
+
+def devices_findings(data_dir: Path) -> str:
+    """What the device points show, in numbers from the scaling study's files."""
+    rows = speedup.device_rows(sources.load_source(data_dir, "scaling")["points"])
+    spread = lambda **m: span([r["speedup"] for r in _pick(rows, **m) if r["strategy"] != speedup.REFERENCE],  # noqa: E731
+                              ".2f", "x")
+    cnn = dict(model="cnn")
+    mlp = dict(model="mlp")
+    top = max(r["devices"] for r in rows)
+    fsdp_weak = [r["speedup"] for r in _pick(rows, mode="weak", strategy="fsdp", **mlp)]
+    others_weak = [r["speedup"] for r in _pick(rows, mode="weak", **mlp)
+                   if r["strategy"] not in ("fsdp", speedup.REFERENCE)]
+    single = _pick(rows, mode="strong", strategy=speedup.REFERENCE, devices=1, **mlp)[0]
+    fsdp, plain = (_pick(rows, mode="strong", strategy=s, devices=top, **mlp)[0] for s in ("fsdp", "dp-shard-map"))
+    return bullets([
+        f"The CNN, whose one device already uses both cores: 2 devices run at {spread(mode='strong', devices=2, **cnn)} "
+        f"one in strong scaling and {spread(mode='weak', devices=2, **cnn)} in weak; at {top} devices, strong, "
+        f"{spread(mode='strong', devices=top, **cnn)}.",
+        f"The MLP, a step of a few milliseconds: {spread(mode='strong', devices=2, **mlp)} one device on 2 "
+        f"devices and {spread(mode='strong', devices=top, **mlp)} on {top} in strong scaling; in weak scaling "
+        f"`fsdp` holds {span(fsdp_weak, '.2f', 'x')}, the others run {span(others_weak, '.2f', 'x')}.",
+        f"The MLP's one-device step is bimodal: the {len(single['rounds_ms'])} rounds of `single` (the "
+        f"baseline of both modes) took {listing([f'{ms:.1f}' for ms in single['rounds_ms']])} ms.",
+        f"`fsdp` holds 1/{round(plain['state_bytes'] / fsdp['state_bytes'])} of the parameters and Adam "
+        f"state per device at {top} devices, for {percent(fsdp['comm_bytes'] / plain['comm_bytes'] - 1)} "
+        f"more bytes moved than a plain all-reduce ({fsdp['comm_bytes']:,} against {plain['comm_bytes']:,} B)."])
+
+
+def _rank_row(rows: list[dict], strategy: str, ranks: int = 2, mode: str = "strong", model: str = "cnn") -> dict:
+    (row,) = _pick(rows, strategy=strategy, ranks=ranks, mode=mode, model=model)
+    return row
+
+
+def ranks_findings(data_dir: Path) -> str:
+    """What the rank points show, in numbers from the scaling study's files."""
+    rows = speedup.rank_rows(sources.load_source(data_dir, "scaling")["points"])
+    ring = {m: _rank_row(rows, "mpi-allreduce", mode=m) for m in ("strong", "weak")}
+    server = {m: _rank_row(rows, "mpi-param-server", mode=m) for m in ("strong", "weak")}
+    eff = lambda r: percent(r["efficiency"])  # noqa: E731
+    one = _rank_row(rows, speedup.REFERENCE, ranks=1)
+    model_parallel = [s for s in ("mpi-pipeline", "pipeline", "tensor", "tensor-auto", "layer-split")
+                      if _pick(rows, strategy=s, ranks=2, mode="strong", model="cnn")]
+    at = lambda s, n=2: _rank_row(rows, s, ranks=n)  # noqa: E731
+    four = [s for s in dict.fromkeys(r["strategy"] for r in _pick(rows, ranks=4, mode="strong", model="cnn"))]
+    return bullets([
+        f"The CNN on 2 single-threaded ranks: `mpi-allreduce` reaches {eff(ring['strong'])} (strong) and "
+        f"{eff(ring['weak'])} (weak) scaling efficiency over one rank, the parameter server "
+        f"{eff(server['strong'])} and {eff(server['weak'])}; against the best single process the "
+        f"all-reduce's two ranks run {times(ring['strong']['speedup_vs_best'])} (strong) and "
+        f"{times(ring['weak']['speedup_vs_best'])} (weak).",
+        f"The MLP on 2 ranks: `mpi-allreduce` runs {times(_rank_row(rows, 'mpi-allreduce', model='mlp')['speedup'])} "
+        f"one rank in strong scaling and {times(_rank_row(rows, 'mpi-allreduce', mode='weak', model='mlp')['speedup'])} "
+        "in weak.",
+        f"jax.distributed's collectives keep up with mpi4jax's: on the CNN, `dp-auto` runs "
+        f"{times(at('dp-auto')['speedup'])} one rank ({at('dp-auto')['ms']:.1f} ms against "
+        f"`mpi-allreduce`'s {ring['strong']['ms']:.1f}), `dp-pmap` {times(at('dp-pmap')['speedup'])}.",
+        f"The model-parallel strategies on 2 ranks, against one rank's {one['ms']:.1f} ms (the median of its "
+        f"{len(one['rounds_ms'])} rounds): " + ", ".join(
+            f"`{s}` {times(at(s)['speedup'])} ({at(s)['ms']:.1f} ms)" for s in model_parallel) + ".",
+        "On 4 ranks, two to a core: " + ", ".join(
+            f"`{s}` {times(at(s, 4)['speedup'])}" for s in four if s != speedup.REFERENCE) + "."])
+
+
 TABLES = {"scaling-devices": functools.partial(devices_table, "strong"),
           "scaling-devices-weak": functools.partial(devices_table, "weak"),
-          "scaling-ranks": ranks_table}
+          "scaling-ranks": ranks_table,
+          "scaling-devices-findings": devices_findings, "scaling-ranks-findings": ranks_findings}

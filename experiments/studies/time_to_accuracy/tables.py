@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.publish import sources
-from experiments.publish.markdown import DASH, markdown
+from experiments.publish.markdown import DASH, bullets, listing, markdown, num, span, times
 
 
 def _time_cell(r: dict | None) -> str:
@@ -94,4 +94,37 @@ def time_to_accuracy_summary(rows: list[dict], env: dict, config: dict, left_out
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
 
 
-TABLES = {"time-to-accuracy": time_to_accuracy_table}
+def time_to_accuracy_findings(data_dir: Path) -> str:
+    """Steps, accuracy, time and state of every row against `single`'s, per model."""
+    rows = sources.load_source(data_dir, "time-to-accuracy")["metrics"]["rows"]
+    label = lambda r: r.get("label", r["strategy"])  # noqa: E731
+    missed = [f"{r['model']} {label(r)}" for r in rows if not r["reached"]]
+    lines = [f"{len(rows)} points; " + ("every one reached its target." if not missed else
+                                        f"{listing(missed)} did not reach its target.")]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        here = [r for r in rows if r["model"] == model and r["reached"]]
+        single = next(r for r in here if r["strategy"] == "single")
+        counts = {}
+        for r in here:
+            counts.setdefault(r["steps"], []).append(label(r))
+        steps = "; ".join(f"{num(s)} for " + ("`single` and " if single["steps"] == s else "")
+                          + (f"{len(names) - (single['steps'] == s)} other rows" if len(names) > 3 else
+                             listing([f"`{n}`" for n in names if n != "single"]))
+                          for s, names in sorted(counts.items()))
+        faster = sorted((r for r in here if r["time_s"] < single["time_s"]), key=lambda r: r["time_s"])
+        slowest = max(here, key=lambda r: r["time_s"])
+        lines.append(
+            f"{model} to {single['target']:.2f}: steps {steps}; test accuracy {span([r['test_accuracy'] for r in here], '.3f')} "
+            f"(`single` {single['test_accuracy']:.3f}). `single` took {single['time_s']:.1f} s; "
+            + (("sooner: " + ", ".join(f"`{label(r)}` {r['time_s']:.1f} s ({num(r['steps'])} steps)" for r in faster))
+               if faster else "no other row reached the target sooner")
+            + f"; the slowest, `{label(slowest)}`, {slowest['time_s']:.1f} s ({times(slowest['time_s'] / single['time_s'])}).")
+        state = {label(r): r.get("state_bytes_per_device") for r in here if r.get("state_bytes_per_device")}
+        if state.get("single"):
+            lines.append(f"{model}: state per device {state['single'] / 1e6:.2f} MB under `single`; " + ", ".join(
+                f"`{n}` {state[n] / 1e6:.2f}" for n in ("fsdp", "tensor", "layer-split", "pipeline (gpipe)", "gems")
+                if n in state) + " MB.")
+    return bullets(lines)
+
+
+TABLES = {"time-to-accuracy": time_to_accuracy_table, "time-to-accuracy-findings": time_to_accuracy_findings}

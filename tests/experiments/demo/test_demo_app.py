@@ -67,11 +67,19 @@ def test_captions_come_from_the_documents(tmp_path):
     found = captions.figures(tmp_path)
     assert found[0].path.name == "c.png" and found[0].caption == "c, from the studies page."
     assert found[0].source == "docs/studies.md"
+    (tmp_path / "docs" / "studies").mkdir()
+    (tmp_path / "docs" / "studies" / "one.md").write_text(
+        "![a](../../figures/a.png)\n\n*figures/a.png* — a, from a study's page.\n")
+    (tmp_path / "docs" / "studies.md").write_text("| [one](studies/one.md) |\n")
+    found = captions.figures(tmp_path)  # the index's pages first, in its order, then the README
+    assert [(f.path.name, f.source) for f in found] == [
+        ("a.png", "docs/studies/one.md"), ("b.png", "README.md"), ("c.png", "")]
+    assert found[0].caption == "a, from a study's page."
 
 
 def test_every_committed_figure_has_a_caption():
     for figure in captions.figures():
-        assert figure.source, f"{figure.path.name} is shown in no document ({captions.CAPTION_DOCUMENTS})"
+        assert figure.source, f"{figure.path.name} is shown in no document ({captions.caption_documents()})"
         assert len(figure.caption) > 40, figure.path.name
 
 

@@ -40,18 +40,35 @@ def docs_copy(tmp_path):
     return tmp_path
 
 
-def test_check_names_the_stale_table_and_report_rewrites_it(docs_copy, capsys):
-    page = docs_copy / "docs" / "studies.md"
+@pytest.mark.parametrize("old,new,name", [
+    ("| 18,391 |", "| 29,265 |", "batch-size"),                # a hand-typed number in a table
+    ("from batch 32 to 128", "from batch 32 to 256", "batch-size-findings"),  # in a finding
+])
+def test_check_names_the_stale_table_and_report_rewrites_it(docs_copy, capsys, old, new, name):
+    page = docs_copy / "docs" / "studies" / "batch-size.md"
     text = page.read_text()
-    spoiled = text.replace("| 18,391 |", "| 29,265 |", 1)  # a hand-typed number in a table
+    spoiled = text.replace(old, new, 1)
     assert spoiled != text
     page.write_text(spoiled)
     args = ["report", "--root", str(docs_copy), "--data", str(DATA)]
     assert run([*args, "--check"]) == 1
-    assert "docs/studies.md: report:batch-size" in capsys.readouterr().err
+    assert f"docs/studies/batch-size.md: report:{name}" in capsys.readouterr().err
     assert page.read_text() == spoiled  # --check writes nothing
     assert run(args) == 0 and page.read_text() == text
     assert run([*args, "--check"]) == 0
+
+
+def test_a_measured_number_typed_into_the_prose_fails_naming_it(docs_copy, capsys):
+    """A measurement typed beside the generated blocks fails `report` and `report --check`;
+    the numbers that are no measurement (experiments/publish/typed.py) pass."""
+    page = docs_copy / "docs" / "studies" / "bounds.md"
+    text = page.read_text()
+    args = ["report", "--root", str(docs_copy), "--data", str(DATA)]
+    assert run([*args, "--check"]) == 0  # its limits (1.3x, 1.5x, 2x) are listed as settings
+    page.write_text(text.replace("## Findings", "GPipe ran 1.33x `single`'s step.\n\n## Findings"))
+    assert run([*args, "--check"]) == 1
+    assert "docs/studies/bounds.md" in (err := capsys.readouterr().err) and "'1.33x'" in err
+    assert run(args) == 1  # nothing to regenerate it from: it must be generated or removed
 
 
 def test_missing_results_exit_2_naming_the_file_and_the_command(docs_copy, tmp_path, capsys):
@@ -88,17 +105,21 @@ def anchors(page) -> set[str]:
 
 
 def test_readme_is_a_front_page_linking_only_inside_the_repository():
+    """README.md stays a front page (<= 200 lines); every relative link and anchor in it and
+    in docs/ resolves (a page's own anchors too), and none points outside the repository."""
     readme = (ROOT / "README.md").read_text()
-    assert len(readme.splitlines()) <= 220
+    assert len(readme.splitlines()) <= 200
     assert "make run" in readme and "make test" in readme
     for page in documents(ROOT):
         text = page.read_text()
         shown = re.sub(r"<!--.*?-->", "", text, flags=re.S)  # placeholders may name pages to come
-        for target, anchor in re.findall(r"\]\(([^)#\s]+)(?:#([^)]*))?\)", shown):
+        shown = re.sub(r"^```.*?^```", "", shown, flags=re.S | re.M)  # code is not a link
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)]*))?\)", shown):
             if "://" in target:
                 continue
-            assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links to missing {target}"
+            linked = page.parent / target if target else page
+            assert linked.exists(), f"{page.relative_to(ROOT)} links to missing {target}"
             if anchor:
-                assert anchor in anchors(page.parent / target), f"{page.relative_to(ROOT)}: no #{anchor} in {target}"
+                assert anchor in anchors(linked), f"{page.relative_to(ROOT)}: no #{anchor} in {target or 'itself'}"
         for outside in ("shared folder", "DESIGN.md", "STYLE.md", "DEVELOPERS.md", "/work/"):
             assert outside not in text, f"{page.relative_to(ROOT)} refers to {outside!r} outside the repository"
