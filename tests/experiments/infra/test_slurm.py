@@ -100,7 +100,7 @@ def srun(env, *argv, mpi: bool = False, timeout: float = 300) -> subprocess.Comp
 
 
 VIEW = """import json, os, socket
-from jaxpar import distributed
+from jaxpar.runtime import distributed
 distributed.setup("auto", single_threaded=False)
 import jax
 print(json.dumps({"launcher": distributed.launcher(), "slurm_rank": int(os.environ["SLURM_PROCID"]),
