@@ -66,9 +66,9 @@ browser:
 	  fi; \
 	fi
 
-# The emulated cluster's and SLURM's tests (tests/test_cluster.py, tests/test_slurm.py) need
-# iproute2 (ip, tc) and Debian's slurm-wlm and munge: installed when we may (root, apt-get),
-# else those tests are skipped and say what is missing.
+# The emulated cluster's and SLURM's tests (tests/experiments/infra/test_cluster.py and
+# test_slurm.py) need iproute2 (ip, tc) and Debian's slurm-wlm and munge: installed when we
+# may (root, apt-get), else those tests are skipped and say what is missing.
 cluster-tools:
 	@if ! command -v tc >/dev/null || ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

@@ -1,5 +1,5 @@
 """`python -m experiments <command>`: parse, dispatch. Intentionally short; the work lives in
-importable functions (`experiments.run.execute`, each study's `run(config)`, ...).
+importable functions (`experiments.points.run.execute`, each study's `run(config)`, ...).
 
     python -m experiments train --model cnn --epochs 3 --out results/run1
     python -m experiments bench --model mlp --batch-size 128
@@ -16,14 +16,25 @@ import time
 import jax
 from rich.console import Console
 
-from experiments import (batch_size, bounds, cluster, demo, figures, hparam, machine, network,
-                         peers, pipeline_study, predict, profile_cmd, scaling, strategies,
-                         time_to_accuracy)
-from experiments import report as docs_report  # not `report`: jaxpar.bench's printout
-from experiments.cli import (BENCH, build_parser, cluster_arguments, config_from_args,
+from experiments import demo
+from experiments.cli import (BENCH, EXIT_USAGE, build_parser, cluster_arguments, config_from_args,
                              options_from_args)
+from experiments.cost import predict
+from experiments.cost import profile as profile_cmd
+from experiments.infra import cluster
 from experiments.options import BenchOptions
-from experiments.run import execute
+from experiments.peers import study as peers
+from experiments.points.run import execute
+from experiments.publish import figures
+from experiments.publish import report as docs_report  # not `report`: jaxpar.bench's printout
+from experiments.studies import batch_size, bounds
+from experiments.studies.hparam import study as hparam
+from experiments.studies.machine import study as machine
+from experiments.studies.network import study as network
+from experiments.studies.pipeline import study as pipeline_study
+from experiments.studies.scaling import study as scaling
+from experiments.studies.strategies import study as strategies
+from experiments.studies.time_to_accuracy import study as time_to_accuracy
 from jaxpar import data, results
 from jaxpar.runtime import distributed
 from jaxpar.checkpoint import Interrupted
@@ -63,14 +74,11 @@ COMMANDS = {
              "options": demo.DemoOptions},
 }
 
-# Commands that are not runs or studies: (module, its options dataclass).
-TOOLS = {"figures": (figures, figures.FiguresOptions), "report": (docs_report, docs_report.ReportOptions),
-         "demo": (demo, demo.DemoOptions), "profile": (profile_cmd, profile_cmd.ProfileOptions),
-         "predict": (predict.PredictCommand, predict.PredictOptions),
-         "plan": (predict.PlanCommand, predict.PlanOptions)}
-
-# Errors a user can fix: print the message alone (no traceback) and exit non-zero.
-EXIT_USAGE = 2
+# Commands that are not runs or studies: (what runs it, given its options; its options dataclass).
+TOOLS = {"figures": (figures.run, figures.FiguresOptions), "report": (docs_report.run, docs_report.ReportOptions),
+         "demo": (demo.run, demo.DemoOptions), "profile": (profile_cmd.run, profile_cmd.ProfileOptions),
+         "predict": (predict.predict_command, predict.PredictOptions),
+         "plan": (predict.plan_command, predict.PlanOptions)}
 
 # ValueError too: a model or optimizer constructor's message for an impossible option value.
 USER_ERRORS = (UserError, ValueError)
@@ -87,8 +95,8 @@ def run(argv: list[str]) -> int:
             config = options_from_args(args, study.quick if args.quick else study.config())
             return 0 if study.run(config) is not None else 1
         if args.command in TOOLS:  # figures, report, demo: options, then their run()
-            tool, options = TOOLS[args.command]
-            return 0 if tool.run(options_from_args(args, options())) is not None else 1
+            command, options = TOOLS[args.command]
+            return 0 if command(options_from_args(args, options())) is not None else 1
         return _dispatch(args, Console(stderr=False))
     except Interrupted as e:  # SIGTERM / Ctrl-C after saving a checkpoint
         print(str(e), file=sys.stderr)

@@ -25,6 +25,9 @@ from jaxpar.validate import CHOICES, flag
 
 _SCALARS = {"int": int, "float": float, "str": str}
 
+# The exit status of an error the user can fix (the CLI prints its message alone, no traceback).
+EXIT_USAGE = 2
+
 
 def _kind(f: dataclasses.Field) -> tuple[str, type | None]:
     """('bool' | 'scalar' | 'list', element type) of a field, from its annotation."""
@@ -38,7 +41,8 @@ def _choices(f: dataclasses.Field) -> tuple[str, ...] | None:
     return CHOICES.get(f.metadata.get("choices", f.name))
 
 
-def _shown(value: Any) -> str:
+def flag_value(value: Any) -> str:
+    """A value as its flag takes it: a list comma-separated."""
     return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
@@ -47,7 +51,7 @@ def _add(group, f: dataclasses.Field, default: Any, suppress: bool) -> None:
     kind, element = _kind(f)
     help_text = f.metadata.get("help", "")
     if "default" not in help_text:
-        help_text = f"{help_text} (default: {_shown(default)})"
+        help_text = f"{help_text} (default: {flag_value(default)})"
     help_text = help_text.replace("%", "%%")
     stored = argparse.SUPPRESS if suppress else default
     if kind == "bool":
@@ -138,7 +142,7 @@ def _value(f: dataclasses.Field, text: Any) -> Any:
         values = tuple(element(v.strip()) for v in text.split(",") if v.strip())
     except ValueError:
         raise ConfigError(f"{flag(f.name)} takes comma-separated {element.__name__}s, e.g. "
-                          f"{_shown(f.default) if f.default else '1,2'}; got {text!r}") from None
+                          f"{flag_value(f.default) if f.default else '1,2'}; got {text!r}") from None
     choices = _choices(f)
     unknown = [v for v in values if choices is not None and v not in choices]
     if unknown or not values:
@@ -150,7 +154,7 @@ def _value(f: dataclasses.Field, text: Any) -> Any:
 def preset(config: Any) -> str:
     """The flags a preset sets (those differing from the defaults), as a command line."""
     defaults = type(config)()
-    return " ".join(f"{flag(f.name)} {_shown(getattr(config, f.name))}" for f in dataclasses.fields(config)
+    return " ".join(f"{flag(f.name)} {flag_value(getattr(config, f.name))}" for f in dataclasses.fields(config)
                     if getattr(config, f.name) != getattr(defaults, f.name)).replace("%", "%%")
 
 

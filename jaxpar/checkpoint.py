@@ -291,7 +291,7 @@ def portable_marks(directory: Path) -> None:
             write_atomic(mark, shown)
 
 
-def load(directory: str, step: int | None = None) -> tuple[dict[str, np.ndarray], dict]:
+def load_checkpoint(directory: str, step: int | None = None) -> tuple[dict[str, np.ndarray], dict]:
     """(flat reference-layout state, metadata) of a checkpoint, for tests and analysis.
 
     Args:

@@ -63,7 +63,7 @@ class Device:
     layer_overhead_s: float = 0.0   # per layer and step: kernel launches a small batch cannot hide
 
 
-# Assumed hardware (docs/studies.md names these as assumptions, with their sources).
+# Assumed hardware (docs/studies/cost-check.md names these as assumptions, with their sources).
 LINKS = {
     "10gbit": Link("10gbit", 10e9 / 8, 20e-6, "10 Gbit/s Ethernet; 20 us per message (TCP, typical)"),
     "100gbit": Link("100gbit", 100e9 / 8, 5e-6, "100 Gbit/s InfiniBand/RoCE; 5 us per message"),

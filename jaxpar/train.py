@@ -227,7 +227,7 @@ def set_up(config: TrainConfig, console=None) -> tuple[Run, LoopState]:
     validation.validate(config)  # every option and combination (the CLI has checked them too)
     strategy = make_strategy(config)
     ckpt = ckptlib.Checkpointer(config) if config.checkpoint_dir else None  # checks the folder
-    splits = datalib.load(config.data, config.seed)
+    splits = datalib.load_splits(config.data, config.seed)
     mesh = strategy.make_mesh(jax.devices())
     per_epoch = datalib.steps_per_epoch(len(splits.train[1]), config.data.batch_size)
     total_steps = config.steps if config.steps is not None else config.epochs * per_epoch

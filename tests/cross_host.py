@@ -1,11 +1,15 @@
-"""Which of tests/mpi cross the emulated hosts (tests/test_cluster.py), and whether they can here.
+"""Which of tests/mpi cross the emulated hosts (tests/experiments/infra/test_cluster.py), and
+whether they can here; the marks the tests on emulated hosts share (`needs_root`, `needs_mpi`).
 
 Where they can (root, network namespaces), the one-host launch of tests/mpi
 (tests/test_mpi_launch.py) leaves these to the two-host one, so that CI runs each once."""
 
 import subprocess
 
-from experiments import cluster
+import pytest
+
+from experiments.infra import cluster
+from experiments.points.mpi import mpiexec
 
 CROSS_HOST = ["tests/mpi/test_jax_distributed.py::test_world_size_is_what_was_launched",
               "tests/mpi/test_jax_distributed.py::test_ranks_are_on_the_hosts_launched",
@@ -27,3 +31,5 @@ def why_no_hosts() -> str | None:
 
 
 WHY_NO_HOSTS = why_no_hosts()
+needs_root = pytest.mark.skipif(WHY_NO_HOSTS is not None, reason=str(WHY_NO_HOSTS))
+needs_mpi = pytest.mark.skipif(not mpiexec().exists(), reason="needs the `mpi` extra (make test installs it)")

@@ -230,7 +230,7 @@ def test_mnist_from_a_data_dir_reads_back_through_tfds(tmp_path):
     want = write_dataset(tmp_path / "idx")
     cfg = datalib.DataConfig(dataset="mnist", data_dir=str(tmp_path / "idx"),
                              cache_dir=str(tmp_path / "cache"), val_size=0, batch_size=16)
-    loaded = datalib.load(cfg, seed=0)  # prepares the TFDS copy, as `train --dataset mnist` does
+    loaded = datalib.load_splits(cfg, seed=0)  # prepares the TFDS copy, as `train --dataset mnist` does
     data = jaxpar.Dataset.from_tfds("jaxpar_mnist", data_dir=datalib.cache_dir(cfg))
     for split in (loaded.train, loaded.test):
         assert split[0].shape[1:] == (28, 28, 1)

@@ -89,8 +89,8 @@ def test_layer_forms_follow_the_backend(monkeypatch, backend, impl):
     fake_backend(monkeypatch, backend)
     if backend == "cpu" and onednn.unavailable():
         impl = "cpu"  # oneDNN not installed here: the CPU's own forms
-    assert layers.resolve("auto") == impl
-    assert layers.resolve("xla") == "xla" and layers.resolve("cpu") == "cpu"  # asked for: kept
+    assert layers.resolve_conv_impl("auto") == impl
+    assert layers.resolve_conv_impl("xla") == "xla" and layers.resolve_conv_impl("cpu") == "cpu"  # asked for: kept
     model = cnn.CNN(rngs=nnx.Rngs(0))
     assert model.pool is layers.POOL[impl]
     assert model.conv1.conv_general_dilated is layers.CONV[impl]
@@ -102,7 +102,7 @@ def test_onednn_is_refused_off_the_cpu(monkeypatch):
     fake_backend(monkeypatch, "gpu")
     assert onednn.unavailable() == "not on a CPU backend"
     with pytest.raises(ConfigError, match="not on a CPU backend"):
-        layers.resolve("onednn")
+        layers.resolve_conv_impl("onednn")
 
 
 @pytest.mark.parametrize("platforms, kept", [("cpu", True), ("cuda", False)])

@@ -101,8 +101,8 @@ def test_sigkill_mid_epoch_then_resume_is_bitwise_the_uninterrupted_run(tmp_path
     rc = run_cli("train", *args, "--checkpoint-dir", str(killed), "--resume")
     assert rc.returncode == 0, rc.stderr[-2000:]
     assert "resumed from step" in rc.stdout
-    want, want_meta = ckptlib.load(str(full))
-    got, got_meta = ckptlib.load(str(killed))
+    want, want_meta = ckptlib.load_checkpoint(str(full))
+    got, got_meta = ckptlib.load_checkpoint(str(killed))
     assert got_meta["step"] == want_meta["step"] == LONG_STEPS
     assert_same_state(want, got)  # params, optimizer state and step, bitwise
 
@@ -123,7 +123,7 @@ def test_checkpoint_from_8_devices_restores_on_2_and_on_single(tmp_path, strateg
         model["microbatches"] = 2  # 40 rows over data=4 shards
     cfg = tiny(tmp_path, strategy=strategy, **model)
     out = fit(cfg)  # 8 devices (conftest), ends with a checkpoint at step 30
-    saved, _ = ckptlib.load(str(tmp_path))
+    saved, _ = ckptlib.load_checkpoint(str(tmp_path))
     assert_same_state(ckptlib.flatten(out.strategy.state_to_reference(out.state)), saved)
 
     for devices, name in ((2, strategy), (1, "single")):
@@ -154,7 +154,7 @@ def test_cli_checkpoint_from_8_devices_resumes_on_2_under_another_strategy(tmp_p
     assert "resumed from step 20" in rc.stdout
     rc = run_cli("train", *sgd, "--checkpoint-dir", str(ref), "--out", str(tmp_path / "b"))
     assert rc.returncode == 0, rc.stderr[-2000:]
-    (got, _), (want, _) = ckptlib.load(str(ck)), ckptlib.load(str(ref))
+    (got, _), (want, _) = ckptlib.load_checkpoint(str(ck)), ckptlib.load_checkpoint(str(ref))
     eq.assert_tree_close(want, got)  # another mesh and reduction order: close, not bitwise
 
 
@@ -162,14 +162,14 @@ def test_damaged_latest_checkpoint_falls_back_with_a_warning(tmp_path):
     cfg = tiny(tmp_path, checkpoint_every=10)
     fit(cfg)
     assert complete_steps(tmp_path) == [10, 20, 30]
-    want, _ = ckptlib.load(str(tmp_path), 30)
+    want, _ = ckptlib.load_checkpoint(str(tmp_path), 30)
     for f in (tmp_path / "30" / "state").rglob("*"):
         if f.is_file():
             f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])  # truncated, as by a lost disk
     with pytest.warns(UserWarning, match=r"checkpoint .*/30 is damaged"):
         out = fit(with_options(cfg, resume=True))
     assert out.result.metrics["resumed_from_step"] == 20
-    got, _ = ckptlib.load(str(tmp_path), 30)  # re-written from step 20: the same numbers
+    got, _ = ckptlib.load_checkpoint(str(tmp_path), 30)  # re-written from step 20: the same numbers
     assert_same_state(want, got)
 
 
@@ -193,7 +193,7 @@ def test_sigterm_saves_and_says_how_to_resume(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert "SIGTERM: saved checkpoint" in err and "--resume" in err
     step = complete_steps(directory)[-1]
-    _, meta = ckptlib.load(str(directory))
+    _, meta = ckptlib.load_checkpoint(str(directory))
     assert meta["step"] == step
 
 
@@ -239,7 +239,7 @@ def test_resume_auto_starts_then_continues_and_refuses_another_run(tmp_path):
     resumed = fit(auto)
     assert resumed.result.metrics["resumed_from_step"] == 20
     assert resumed.result.metrics["final_loss"] == full.result.metrics["final_loss"]
-    assert_same_state(ckptlib.load(str(tmp_path / "full"))[0], ckptlib.load(str(tmp_path / "auto"))[0])
+    assert_same_state(ckptlib.load_checkpoint(str(tmp_path / "full"))[0], ckptlib.load_checkpoint(str(tmp_path / "auto"))[0])
 
     with pytest.raises(ckptlib.CheckpointError, match=r"--width 32 \(now 64\)"):
         fit(with_options(auto, width=64))

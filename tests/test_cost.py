@@ -12,10 +12,10 @@ import statistics
 import pytest
 
 from conftest import ROOT, run_cli
-from experiments import cost_check
-from experiments import predict as predictlib
+from experiments.cost import check as cost_check
+from experiments.cost import predict as predictlib
 from experiments.__main__ import run
-from experiments.tables import TABLES
+from experiments.publish.tables import TABLES
 from jaxpar import cost, results
 from jaxpar.cost import Problem
 from jaxpar.parallel.pipeline.cost import stage_layers

@@ -39,7 +39,7 @@ def test_no_checkpoint_from_a_non_finite_state_and_resume_takes_the_last_good_on
     stopped = json.loads((tmp_path / "out" / "result.json").read_text())["metrics"]["diverged_at_step"]
     saved = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit())
     assert saved and max(saved) < stopped
-    arrays, meta = checkpoint.load(str(ckpt))
+    arrays, meta = checkpoint.load_checkpoint(str(ckpt))
     assert meta["step"] == max(saved)  # what --resume takes
     assert all(np.isfinite(a).all() for a in arrays.values() if np.issubdtype(a.dtype, np.floating))
 

@@ -15,7 +15,7 @@ from experiments.__main__ import run
 from jaxpar.optim import make_optimizer
 from jaxpar.train import build_model, make_strategy
 
-# docs/studies.md (hparam): "vmapped and one-by-one losses agree within 1e-6 a step".
+# docs/studies/hparam.md: "vmapped and one-by-one losses agree within 1e-6 a step".
 HPARAM_LOSS_AGREEMENT = 1e-6
 
 
@@ -44,7 +44,7 @@ def test_1f1b_needs_less_temporary_memory_than_gpipe_even_with_remat():
 
 
 def test_hparam_vmapped_losses_agree_with_one_by_one_at_the_stated_tolerance(tmp_path):
-    """docs/studies.md (hparam): in the quick mode every trial's loss at every step agrees
+    """docs/studies/hparam.md: in the quick mode every trial's loss at every step agrees
     between the vmapped program and the trial run alone within 1e-6, absolute and relative."""
     out = tmp_path / "hparam"
     assert run(["hparam", "--quick", "--out", str(out)]) == 0
@@ -58,7 +58,7 @@ def test_hparam_vmapped_losses_agree_with_one_by_one_at_the_stated_tolerance(tmp
 
 
 def test_the_strategies_study_model_has_the_stated_parameter_count():
-    """docs/studies.md (strategies): stack-mlp width 256 x 8 blocks has 4.41 M parameters
+    """docs/studies/strategies.md and the README: stack-mlp width 256 x 8 blocks has 4.41 M parameters
     (52.9 MB of parameters and Adam's two moments: 3 x 4 B each)."""
     cfg = config(model="stack-mlp", width=256, depth=8)
     count = sum(x.size for x in jax.tree.leaves(nnx.state(build_model(cfg), nnx.Param)))

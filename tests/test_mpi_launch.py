@@ -22,7 +22,7 @@ import pytest
 
 from conftest import TEST_XLA_FLAGS
 from cross_host import CROSS_HOST, WHY_NO_HOSTS
-from experiments.points import mpiexec
+from experiments.points.mpi import mpiexec
 from jaxpar.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +55,7 @@ def test_missing_mpi4jax_says_how_to_install(monkeypatch):
 
 
 def test_a_launch_of_a_one_process_strategy_is_refused_naming_those_that_can(monkeypatch):
-    from experiments.run import distributed_mode
+    from experiments.points.run import distributed_mode
     from jaxpar.config import TrainConfig, with_options
     from jaxpar.parallel import STRATEGIES
 
@@ -110,8 +110,8 @@ def test_checkpoint_resume_under_mpirun_is_bitwise(tmp_path):
     shutil.copytree(tmp_path / "full", tmp_path / "cut")
     shutil.rmtree(tmp_path / "cut" / "20")  # as if the job died after step 10's checkpoint
     assert "resumed from step 10" in launch(tmp_path / "cut", "--resume").stdout
-    want, _ = checkpoint.load(str(tmp_path / "full"))
-    got, meta = checkpoint.load(str(tmp_path / "cut"))
+    want, _ = checkpoint.load_checkpoint(str(tmp_path / "full"))
+    got, meta = checkpoint.load_checkpoint(str(tmp_path / "cut"))
     assert meta["step"] == 20 and want.keys() == got.keys()
     for key in want:
         assert (want[key] == got[key]).all(), key
@@ -139,7 +139,7 @@ def test_a_bad_option_is_reported_once_per_job(tmp_path, strategy):
 def test_the_mpi_suite_on_two_ranks():
     """tests/mpi on 2 ranks of one device each, the world the suite's multi-process tests are
     written for (launched from here, so that it runs beside the other pytest worker's files).
-    Where emulated hosts can be made, the tests that tests/test_cluster.py runs across them
+    Where emulated hosts can be made, the tests that tests/experiments/infra/test_cluster.py runs across them
     are left to it (`cross_host`): each runs once."""
     elsewhere = [] if WHY_NO_HOSTS is not None else [a for t in CROSS_HOST for a in ("--deselect", t)]
     proc = subprocess.run(
@@ -196,8 +196,8 @@ def test_two_rank_pipeline_checkpoint_resumes_on_one_process_with_single(tmp_pat
          "single", *run, "--checkpoint-dir", str(tmp_path / "cut"), "--resume",
          "--out", str(tmp_path / "one")], cwd=ROOT, env=mpi_env(), capture_output=True, text=True)
     assert proc.returncode == 0 and "resumed from step 10" in proc.stdout, proc.stderr[-2000:]
-    want, _ = checkpoint.load(str(tmp_path / "full"))
-    got, meta = checkpoint.load(str(tmp_path / "cut"))
+    want, _ = checkpoint.load_checkpoint(str(tmp_path / "full"))
+    got, meta = checkpoint.load_checkpoint(str(tmp_path / "cut"))
     assert meta["step"] == 20 and want.keys() == got.keys()
     eq.assert_tree_close(want, got, what="state at step 20")
 

@@ -67,7 +67,7 @@ def test_resume_keeps_steps_and_time_to_target(tmp_path):
     directory = tmp_path / "ck"
     fit(tiny(checkpoint_dir=str(directory), checkpoint_every=3))  # saves 3, 6 and 9 (the stop)
     shutil.rmtree(directory / "9")  # as if killed after the checkpoint at step 6
-    _, meta = ckptlib.load(str(directory))
+    _, meta = ckptlib.load_checkpoint(str(directory))
     assert meta["step"] == 6 and meta["train_s"] > 0
 
     resumed = fit(tiny(checkpoint_dir=str(directory), checkpoint_every=3, resume=True)).result

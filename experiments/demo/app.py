@@ -164,16 +164,19 @@ def evaluation_views(models: Models, message: str = "") -> tuple:
     return message, shown, views.confusion_figure(labels, probs, models.names)
 
 
-def classify_tab(models: Models, roots: list[Path], startup: list[str]):
-    """The classify panel; returns its folder-list refresh and the outputs the page's own
-    events (load, tab select) fill in."""
+def _folder_row(roots: list[Path]):
+    """The classify panel's first row: the folder to load, and Load, Refresh and Unload all."""
     with gr.Row():
         folder = gr.Dropdown([shown(p) for p in candidates(roots)], value=None, allow_custom_value=True,
                              label="result folder or checkpoint (pick one or type a path)",
                              elem_id="folder", scale=4)
         load, refresh, clear = (gr.Button("Load", variant="primary", elem_id="load"),
                                 gr.Button("Refresh list"), gr.Button("Unload all"))
-    status = gr.Markdown("\n\n".join(startup), elem_id="classify-status")
+    return folder, load, refresh, clear
+
+
+def _drawing_row(models: Models):
+    """The canvas, what the models see of the drawing, and their top 3."""
     with gr.Row():
         canvas = gr.Sketchpad(canvas_size=(280, 280), type="numpy", image_mode="RGBA", layers=False,
                               transforms=(), label="draw an item (pick the brush)",
@@ -183,6 +186,15 @@ def classify_tab(models: Models, roots: list[Path], startup: list[str]):
                         elem_id="model-input")
         top3 = gr.Markdown(views.top3_markdown(models.loaded, None, []), elem_id="predictions",
                            min_width=420)
+    return canvas, seen, top3
+
+
+def classify_tab(models: Models, roots: list[Path], startup: list[str]):
+    """The classify panel; returns its folder-list refresh and the outputs the page's own
+    events (load, tab select) fill in."""
+    folder, load, refresh, clear = _folder_row(roots)
+    status = gr.Markdown("\n\n".join(startup), elem_id="classify-status")
+    canvas, seen, top3 = _drawing_row(models)
     shuffle = gr.Button("New test images", elem_id="shuffle")
     tests = gr.HTML(elem_id="test-images")
     matrix = gr.Plot(label="confusion matrices (test split)", elem_id="confusion")

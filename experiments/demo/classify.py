@@ -1,7 +1,7 @@
 """Trained models for the demo's classify panel: loaded from a result folder or a checkpoint,
 then asked for class probabilities (test images, a confusion matrix, a drawing's top 3).
 
-    python -m pytest -q tests/test_demo_classify.py
+    python -m pytest -q tests/experiments/demo/test_demo_classify.py
 
 A checkpoint holds the state in the single-device layout (`jaxpar.checkpoint`), whatever
 strategy and mesh trained it, so one forward pass (`jaxpar.step.forward`, the one every
@@ -123,7 +123,7 @@ def _softmax_forward(graphdef, params, model_state, images):
     return jax.nn.softmax(logits, -1)
 
 
-def load(folder: str | Path, dataset: str | None = None) -> Classifier:
+def load_classifier(folder: str | Path, dataset: str | None = None) -> Classifier:
     """The model in `folder` (a result folder or a checkpoint), its latest step.
 
     Args:
@@ -133,7 +133,7 @@ def load(folder: str | Path, dataset: str | None = None) -> Classifier:
     """
     directory = find_checkpoint(folder)
     try:
-        flat, meta = ckptlib.load(str(directory))
+        flat, meta = ckptlib.load_checkpoint(str(directory))
     except ckptlib.CheckpointError as e:
         raise LoadError(str(e)) from None
     where = f"checkpoint {shown(directory)!r}"

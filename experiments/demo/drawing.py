@@ -1,7 +1,7 @@
 """A drawing on the demo's canvas -> the 28x28 uint8 image a model takes, made the way the
 dataset's own images were made.
 
-    python -m pytest -q tests/test_demo_drawing.py
+    python -m pytest -q tests/experiments/demo/test_demo_drawing.py
 
 Both datasets hold light items on a black background, so the canvas (dark ink on white, or
 strokes on a transparent layer, composed over white) first becomes ink intensity, 0 where

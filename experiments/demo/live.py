@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from experiments.cli import EXIT_USAGE  # the status `train` exits with for an error the user can fix
 from experiments.demo.classify import CHECKPOINT_SUBDIR, has_checkpoint
 from jaxpar.parallel import STRATEGIES
 
 EVENTS = "events.jsonl"
-EXIT_USAGE = 2  # experiments/__main__.py's status for an error the user can fix
 STOP_GRACE_S = 60  # a stopped run finishes its step and saves; past this it is killed
 
 

@@ -1,7 +1,7 @@
 """The models the demo has loaded, the dataset's test split and each model's predictions on
 it: the state behind the classify panel (one presenter, so one state for every browser tab).
 
-    python -m pytest -q tests/test_demo_classify.py
+    python -m pytest -q tests/experiments/demo/test_demo_classify.py
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class Models:
         folder = str(folder).strip()
         if not trusted:
             self._check_inside(folder)
-        model = classify.load(folder, self.dataset)
+        model = classify.load_classifier(folder, self.dataset)
         same = Path(model.folder).resolve()
         with self._lock:
             self.loaded = [m for m in self.loaded if Path(m.folder).resolve() != same]  # a reload
@@ -111,7 +111,7 @@ class Models:
         """The dataset's test images and labels (DataError, naming prepare-data, if absent)."""
         if self._test is None:
             check_offline(self.dataset)
-            self._test = datalib.load(DataConfig(dataset=self.dataset, val_size=0), seed=SEED).test
+            self._test = datalib.load_splits(DataConfig(dataset=self.dataset, val_size=0), seed=SEED).test
         return self._test
 
     def probabilities(self) -> dict[str, np.ndarray]:

@@ -2,7 +2,7 @@
 tests read it without a browser): a drawing's top 3 per model, test images with each model's
 prediction and confidence, confusion matrices.
 
-    python -m pytest -q tests/test_demo_classify.py
+    python -m pytest -q tests/experiments/demo/test_demo_classify.py
 """
 
 from __future__ import annotations
@@ -69,10 +69,10 @@ def test_images_html(images: np.ndarray, labels: np.ndarray, probabilities: dict
 def confusion_figure(labels: np.ndarray, probabilities: dict[str, np.ndarray], names: list[str]):
     """One confusion matrix per model (rows: true class, columns: predicted; each row as
     fractions of that class), titled with the model's test accuracy."""
-    import matplotlib
+    import matplotlib  # only the confusion figure draws with matplotlib (the page starts without it)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): the backend is chosen before pyplot loads
 
     n = max(1, len(probabilities))
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 4.2), squeeze=False)

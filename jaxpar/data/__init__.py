@@ -195,7 +195,7 @@ def cache_dir(cfg: DataConfig) -> str:
     return os.path.join(root, f"from-data-dir-{key}")
 
 
-def load(cfg: DataConfig, seed: int) -> Splits:
+def load_splits(cfg: DataConfig, seed: int) -> Splits:
     """Train / validation / test arrays; validation is `val_size` examples carved from train
     by a permutation seeded with `seed`, so the same seed always holds out the same examples."""
     if cfg.dataset not in dataset_names():

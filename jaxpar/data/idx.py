@@ -37,7 +37,7 @@ SYSTEM_DIRS = {
     "mnist": ["/usr/share/datasets/mnist"],
 }
 # The package that installs them there: results name the files by it (jaxpar.results.portable).
-PACKAGES = {"fashion_mnist": "deb:dataset-fashion-mnist"}
+DATASET_PACKAGES = {"fashion_mnist": "deb:dataset-fashion-mnist"}
 # Where TFDS downloads them from when they are on no disk (jaxpar.data.tfds_idx).
 DOWNLOAD_URLS = {
     "fashion_mnist": "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",  # HTTP only
@@ -52,7 +52,7 @@ IMAGE_SHAPE = (28, 28, 1)   # their images, uint8
 
 def source_root(name: str) -> str:
     """How results name the system folder of dataset `name`: its package, else the dataset."""
-    return f"<{PACKAGES.get(name, f'datasets:{name}')}>"
+    return f"<{DATASET_PACKAGES.get(name, f'datasets:{name}')}>"
 
 
 def _read_bytes(path: Path) -> bytes:

@@ -43,7 +43,7 @@ tfds = require("tensorflow_datasets", "real data sets (--dataset fashion_mnist o
                                       "--dataset synthetic needs none)")
 from tensorflow_datasets.proto import tf_example_pb2  # noqa: E402
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 # Sizes of the official splits; checked for files we did not get from the user.
 OFFICIAL_SIZES = {"train": 60000, "test": 10000}
@@ -321,7 +321,7 @@ def prepare(name: str, data_dir: str | os.PathLike | None, cache_dir: str | os.P
                 builder.download_and_prepare()
         finally:
             for line in chatter.getvalue().splitlines():
-                log.info("tfds: %s", line)
+                logger.info("tfds: %s", line)
 
 
 def _read_split(builder: _IdxBuilder, split: str) -> tuple[np.ndarray, np.ndarray]:

@@ -124,7 +124,7 @@ def forms(cfg) -> dict[str, str | None]:
     without the option chose; None: no batch norm)."""
     conv = None
     if "conv_impl" in takes(cfg.model):
-        conv = layers.resolve(option_value(cfg.model, "conv_impl", cfg.conv_impl))
+        conv = layers.resolve_conv_impl(option_value(cfg.model, "conv_impl", cfg.conv_impl))
     norm = None
     if has_batch_norm(cfg):
         norm = "own" if conv is None else "fast" if BATCH_NORM[conv] is FastBatchNorm else "flax"

@@ -32,7 +32,7 @@ class CNN(nnx.Module):
     def __init__(self, *, batch_norm: bool = False, conv_impl: str = "auto",
                  num_classes: int = 10, rngs: nnx.Rngs):
         self.batch_norm = batch_norm
-        impl = layers.resolve(conv_impl)
+        impl = layers.resolve_conv_impl(conv_impl)
         conv = functools.partial(nnx.Conv, padding="SAME", use_bias=not batch_norm,
                                  conv_general_dilated=layers.CONV[impl], rngs=rngs)
         self.conv1 = conv(1, 32, (3, 3))

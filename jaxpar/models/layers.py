@@ -102,7 +102,7 @@ CONV_IMPLS = ("auto", "xla", "cpu", "onednn")
 _NHWC = ("NHWC", "HWIO", "NHWC")
 
 
-def resolve(conv_impl: str) -> str:
+def resolve_conv_impl(conv_impl: str) -> str:
     """"xla", "cpu" or "onednn" for `conv_impl`, reading the backend for "auto": oneDNN's
     convolutions on a CPU where they build (onednn.py), else the "cpu" forms; lax's elsewhere."""
     if conv_impl not in CONV_IMPLS:

@@ -50,9 +50,9 @@ from jaxpar import mesh
 from jaxpar.runtime import native
 
 SOURCE = Path(__file__).with_name("onednn.cc")
-PACKAGES = ("onednn-devel-cpu-gomp", "onednn-cpu-gomp")  # headers, and the library itself
-VERSION = "2023.2.0"  # as pyproject.toml pins it (experiments/node_carry.py carries it)
-INSTALL = f"pip install {PACKAGES[0]}=={VERSION}"
+ONEDNN_PACKAGES = ("onednn-devel-cpu-gomp", "onednn-cpu-gomp")  # headers, and the library itself
+VERSION = "2023.2.0"  # as pyproject.toml pins it (experiments/infra/node_carry.py carries it)
+INSTALL = f"pip install {ONEDNN_PACKAGES[0]}=={VERSION}"
 _FORWARD, _INPUT_GRAD, _KERNEL_GRAD = ("jaxpar_conv_forward", "jaxpar_conv_input_grad",
                                        "jaxpar_conv_kernel_grad")
 
@@ -84,8 +84,8 @@ def _find(package: str, name: str) -> Path:
 @functools.lru_cache(maxsize=None)
 def _library() -> ctypes.CDLL:
     """The built custom calls, loaded and registered with XLA:CPU (once per process)."""
-    include = _find(PACKAGES[0], "include/oneapi/dnnl/dnnl.hpp").parents[2]
-    lib = _find(PACKAGES[1], "/libdnnl.so.3").parent
+    include = _find(ONEDNN_PACKAGES[0], "include/oneapi/dnnl/dnnl.hpp").parents[2]
+    lib = _find(ONEDNN_PACKAGES[1], "/libdnnl.so.3").parent
     flags = (f"-I{include}", "-fopenmp", str(lib / "libdnnl.so.3"), f"-Wl,-rpath,{lib}")
     return native.register(native.build_library(SOURCE, flags), {
         _FORWARD: "JaxparConvForward", _INPUT_GRAD: "JaxparConvInputGrad",
@@ -108,7 +108,7 @@ def used() -> dict | None:
 
 @functools.lru_cache(maxsize=None)
 def _identity() -> dict:
-    dnnl = ctypes.CDLL(str(_find(PACKAGES[1], "/libdnnl.so.3")))
+    dnnl = ctypes.CDLL(str(_find(ONEDNN_PACKAGES[1], "/libdnnl.so.3")))
     dnnl.dnnl_version.restype = ctypes.POINTER(_Version)
     dnnl.dnnl_get_effective_cpu_isa.restype = ctypes.c_int
     v = dnnl.dnnl_version().contents
@@ -119,7 +119,7 @@ def _identity() -> dict:
 def _isa_names() -> dict[int, str]:
     """dnnl_cpu_isa_t's values -> names, read from the installed header (the enum grows with
     each oneDNN release)."""
-    header = _find(PACKAGES[0], "include/oneapi/dnnl/dnnl_types.h").read_text()
+    header = _find(ONEDNN_PACKAGES[0], "include/oneapi/dnnl/dnnl_types.h").read_text()
     body = header[:header.index("} dnnl_cpu_isa_t;")].rsplit("typedef enum {", 1)[1]
     return {int(value, 16): name for name, value in
             re.findall(r"dnnl_cpu_isa_(\w+) = (0x[0-9a-f]+)", body)}

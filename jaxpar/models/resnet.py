@@ -50,7 +50,7 @@ class ResNet(nnx.Module):
                  rngs: nnx.Rngs):
         if depth < 1:
             raise ValueError(f"depth (blocks per stage) must be >= 1, got {depth}")
-        impl = layers.resolve(conv_impl)
+        impl = layers.resolve_conv_impl(conv_impl)
         self.stem_conv, self.stem_bn = _conv_bn(1, 16, 3, 1, impl, rngs)
         blocks, cin = [], 16
         for stage, cout in enumerate((16, 32, 64)):

@@ -13,7 +13,7 @@ def synthetic_cfg(**kw):
 
 
 def test_validation_split_is_seeded_and_disjoint():
-    a, b, c = (data.load(synthetic_cfg(), seed=s) for s in (0, 0, 1))
+    a, b, c = (data.load_splits(synthetic_cfg(), seed=s) for s in (0, 0, 1))
     assert len(a.train[1]) == 500 and len(a.val[1]) == 100
     np.testing.assert_array_equal(a.val[0], b.val[0])
     assert not np.array_equal(a.val[0], c.val[0])
@@ -62,12 +62,12 @@ def test_eval_batches_cover_every_example_once_with_zero_weight_padding():
 @pytest.mark.parametrize("bs", [0, -3, 10_000])
 def test_bad_batch_size_is_a_clear_error(bs):
     with pytest.raises(DataError, match="--batch-size"):
-        data.load(DataConfig(dataset="synthetic", synthetic_size=600, val_size=100, batch_size=bs), 0)
+        data.load_splits(DataConfig(dataset="synthetic", synthetic_size=600, val_size=100, batch_size=bs), 0)
 
 
 def test_unknown_dataset_lists_choices():
     with pytest.raises(DataError, match="fashion_mnist, mnist, synthetic"):
-        data.load(DataConfig(dataset="cifar"), 0)
+        data.load_splits(DataConfig(dataset="cifar"), 0)
 
 
 def test_each_data_dir_gets_its_own_prepared_copy(tmp_path):
@@ -86,5 +86,5 @@ def test_each_data_dir_gets_its_own_prepared_copy(tmp_path):
                           rng.integers(0, 10, n).astype(np.uint8))
         cfg = DataConfig(dataset="mnist", data_dir=str(folder), cache_dir=str(tmp_path / "cache"),
                          val_size=0, batch_size=8)
-        got.append(data.load(cfg, seed=0).train[0])
+        got.append(data.load_splits(cfg, seed=0).train[0])
     assert not np.array_equal(got[0], got[1])

@@ -85,10 +85,10 @@ def test_max_pool_equals_lax_ties_included(size):
 
 def test_auto_is_onednn_or_cpu_on_cpu_and_xla_elsewhere(monkeypatch):
     assert jax.default_backend() == "cpu"
-    assert layers.resolve("auto") == ("cpu" if onednn.unavailable() else "onednn")
+    assert layers.resolve_conv_impl("auto") == ("cpu" if onednn.unavailable() else "onednn")
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert layers.resolve("auto") == "xla"
-    assert layers.resolve("cpu") == "cpu"
+    assert layers.resolve_conv_impl("auto") == "xla"
+    assert layers.resolve_conv_impl("cpu") == "cpu"
 
 
 def test_unknown_conv_impl_names_the_choices():

@@ -124,10 +124,10 @@ def test_unavailable_keeps_the_cpu_forms_and_says_how_to_install(monkeypatch):
     onednn._library.cache_clear()
     try:
         assert "pip install onednn-devel-cpu-gomp" in onednn.unavailable()
-        assert layers.resolve("auto") == "cpu"
+        assert layers.resolve_conv_impl("auto") == "cpu"
         with pytest.raises(ConfigError, match="--conv-impl cpu"):
-            layers.resolve("onednn")
+            layers.resolve_conv_impl("onednn")
     finally:
         monkeypatch.undo()
         onednn._library.cache_clear()
-    assert onednn.unavailable() is None and layers.resolve("auto") == "onednn"
+    assert onednn.unavailable() is None and layers.resolve_conv_impl("auto") == "onednn"

@@ -26,7 +26,7 @@ def test_world_size_is_what_was_launched(comm):
 
 
 def test_ranks_are_on_the_hosts_launched(comm):
-    """One host unless JAXPAR_EXPECT_HOSTS says more (tests/test_cluster.py launches over
+    """One host unless JAXPAR_EXPECT_HOSTS says more (tests/experiments/infra/test_cluster.py launches over
     emulated hosts): a launch that stayed on one host would never cross the network."""
     hosts = comm.allgather(socket.gethostname())
     assert len(set(hosts)) == int(os.environ.get("JAXPAR_EXPECT_HOSTS", "1")), hosts

@@ -51,7 +51,7 @@ def test_equivalent_to_single(comm, stack_reference, stack_config, strategy, opt
 @pytest.mark.parametrize("strategy", ["pipeline", "layer-split"])
 def test_a_process_holding_one_stage_runs_its_step_as_one_program(stack_config, strategy):
     """One device per process: each step is one program per process (its stage), its messages inside
-    it (`rank_step`, `p2p`; equal to single above); with more devices per process the host
+    it (`host.column`, `p2p`; equal to single above); with more devices per process the host
     walks the table."""
     t = eq.run(stack_config(strategy=strategy), steps=1)
     one_each = jax.local_device_count() == 1

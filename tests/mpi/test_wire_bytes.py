@@ -1,7 +1,7 @@
 """Bytes on the wire per step, read from the network interface's counters, equal each MPI
 strategy's theory within 10% (headers aside) when the ranks sit on different emulated hosts.
 
-Run by tests/test_cluster.py over `experiments/cluster.py`'s hosts (JAXPAR_EXPECT_HOSTS=2);
+Run by tests/experiments/infra/test_cluster.py over `experiments/infra/cluster.py`'s hosts (JAXPAR_EXPECT_HOSTS=2);
 skipped on one host, where the ranks talk through shared memory. Counted on each rank's eth0:
 transmitted bytes minus 66 bytes per transmitted packet (Ethernet 14 + IPv4 20 + TCP with
 timestamps 32), over WIRE_STEPS warm steps between two barriers; the busiest rank's payload

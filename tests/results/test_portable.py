@@ -96,4 +96,4 @@ def test_a_saved_checkpoint_names_no_folder_of_the_machine(tmp_path):
     marks = sorted((tmp_path / "ckpt").rglob(checkpoint.COMMIT_MARK))
     assert len(marks) == 3  # the step's, its meta's and its state's
     assert all(str(tmp_path) not in m.read_text() and "<tmp>/" in m.read_text() for m in marks)
-    assert checkpoint.load(str(tmp_path / "ckpt"))[1]["step"] == 5  # orbax reads it as before
+    assert checkpoint.load_checkpoint(str(tmp_path / "ckpt"))[1]["step"] == 5  # orbax reads it as before

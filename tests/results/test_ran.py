@@ -31,7 +31,7 @@ def bench(**options) -> results.RunResult:
 
 def test_a_cnn_records_what_auto_resolved_to():
     env = bench(model="resnet", depth=1).env
-    resolved = layers.resolve("auto")  # onednn where it builds, else cpu: this machine's answer
+    resolved = layers.resolve_conv_impl("auto")  # onednn where it builds, else cpu: this machine's answer
     assert env["ran"]["conv"] == resolved and env["ran"]["batch_norm"] == "fast"
     if resolved == "onednn":
         assert re.fullmatch(r"\d+\.\d+\.\d+", env["ran"]["onednn"]["version"])

@@ -63,7 +63,7 @@ def _sends(p: Problem, ranges: list[range], rows: float, op: str) -> list[Collec
 
 def _programs(stages: int, microbatches: int, updates: int, one_each: bool) -> int:
     """Programs the host dispatches per step when each stage has programs of its own: with a
-    device per stage, one per device (`rank_step`, the device's column written out in it);
+    device per stage, one per device (`host.column`, the device's lowered schedule written out in it);
     with a stage over several devices (hybrid) the table walked slot by slot, every
     micro-batch a forward and a backward on each stage but the last, which runs both in one,
     then each stage copy's update."""

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpar import data as datalib
+from jaxpar.cost import SUMS_BYTES  # the f32 metric sums broadcast from the last stage's rank
 from jaxpar import step as steplib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import STAGE
@@ -47,7 +48,6 @@ from jaxpar.parallel.pipeline.stage_fns import StageFunctions
 from jaxpar.profiling import measure
 from jaxpar.runtime import distributed
 
-SUMS_BYTES = 4 * len(steplib.SUMS)  # the f32 metric sums broadcast from the last rank
 ANSWER_BYTES = 4  # each message's answer (`MpiTransport.receive`): one f32
 
 

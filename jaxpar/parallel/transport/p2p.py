@@ -3,8 +3,8 @@
 A pipeline whose schedule is walked from the host dispatches some 40 programs and transfers a
 step. With one core per rank (single-threaded ranks) that host work and the transfer servers'
 threads took ~10 ms of each core a step beside the stages' 27 ms (CNN, 2 ranks, 1F1B:
-docs/studies.md), and the step stayed at 1.2x one rank. Here each stage's whole step is one
-program (`rank_step`; a process's, or one of several a process runs at once on its devices),
+docs/studies/scaling.md), and the step stayed at 1.2x one rank. Here each stage's whole step is one
+program (`pipeline.host.column`; a process's, or one of several a process runs at once on its devices),
 which sends each activation or gradient over a TCP connection (within a process, an in-memory
 channel) and reads the next one itself: XLA FFI custom calls (p2p.cc), as mpi4jax's are for
 MPI, without MPI. A send never waits for its receiver: it writes what the socket's buffer

@@ -8,7 +8,7 @@ here runs a transfer server instead; the sender offers the array (`await_pull`, 
 at once and serves it when it is computed) and the receiver pulls it, getting at once an
 array its next program can be dispatched on. Neither process waits for the other's queue.
 (A pipeline with one stage per process sends inside its one program per process instead:
-`p2p`, `rank_step`; these moves remain for the host walk's other uses and layouts.)
+`p2p`, `pipeline.host.column`; these moves remain for the host walk's other uses and layouts.)
 
 Every process calls `move_across` at the same points (as `processes.move` requires), so the
 transfers' ids, a counter, agree without a message. Servers start at the first transfer and

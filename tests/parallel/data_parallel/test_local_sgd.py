@@ -69,12 +69,12 @@ def test_resumed_mid_phase_averages_on_the_uninterrupted_runs_steps(tmp_path):
     tx = make_optimizer(cfg.optim, cfg.steps)
     _, params, model_state = steplib.split_model(build_model(cfg))
     target = steplib.init_state(params, model_state, tx)
-    start = ckptlib.unflatten(target, ckptlib.load(str(tmp_path / "resumed"), 4)[0])
-    splits = datalib.load(cfg.data, cfg.seed)
+    start = ckptlib.unflatten(target, ckptlib.load_checkpoint(str(tmp_path / "resumed"), 4)[0])
+    splits = datalib.load_splits(cfg.data, cfg.seed)
     batches = list(datalib.train_batches(splits.train, bs, cfg.seed, epoch=0))[4:8]
     mean = lambda replicas: jax.tree.map(lambda *p: sum(p) / n, *[r.params for r in replicas])  # noqa: E731
     want = mean(emulate(cfg, start, batches, n, k, first_step=4))   # averages after step 6
-    got = ckptlib.unflatten(target, ckptlib.load(str(tmp_path / "resumed"), 8)[0]).params
+    got = ckptlib.unflatten(target, ckptlib.load_checkpoint(str(tmp_path / "resumed"), 8)[0]).params
     eq.assert_tree_close(want, got)
     # The check can fail: counting the phase from the resume (averaging after step 7) differs.
     with pytest.raises(AssertionError, match="params"):

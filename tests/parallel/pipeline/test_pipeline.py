@@ -214,7 +214,7 @@ def test_hybrid_across_processes_takes_the_spmd_program(monkeypatch):
 
 @requires_devices(8)
 def test_hundreds_of_steps_with_a_program_per_stage_do_not_hang():
-    """Every stage's program dispatched at once, their messages inside them (`rank_step`):
+    """Every stage's program dispatched at once, their messages inside them (`host.column`):
     a stage that waited on one not yet started (8 programs at once on 2 cores), or a message
     lost, hangs or fails here."""
     from jaxpar.train import fit

@@ -2,7 +2,7 @@
 sent by one program arrives whole in another's, a receive with nothing coming ends with a
 message instead of waiting forever, and a machine without a compiler is told why. Between
 processes they run under mpiexec (tests/mpi/test_model_parallel.py: `pipeline` and
-`layer-split` with one stage per rank) and across emulated hosts (tests/test_cluster.py).
+`layer-split` with one stage per rank) and across emulated hosts (tests/experiments/infra/test_cluster.py).
 
     python -m pytest -q tests/parallel/transport/test_p2p.py
 """

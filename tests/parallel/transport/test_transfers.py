@@ -1,7 +1,7 @@
 """The transfer servers `processes.move` uses across processes on CPU (`jaxpar.parallel.transport.transfers`):
 bound where the other processes reach them, and serving an array offered to a pull. Moves between
 real processes are tested under mpiexec (tests/mpi/test_jax_distributed.py) and across emulated
-hosts (tests/test_cluster.py).
+hosts (tests/experiments/infra/test_cluster.py).
 
     python -m pytest -q tests/parallel/transport/test_transfers.py
 """

@@ -1,0 +1,106 @@
+"""The cost model's tables (`python -m experiments report`): its error on every committed
+point, per study, and the hardware it assumes; from `experiments.cost.check`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments.cost import check as cost_check
+from experiments.publish.markdown import DASH, bullets, listing, markdown, percent, span
+from jaxpar import cost, results
+
+
+def _pct(x: float | None) -> str:
+    return DASH if x is None else f"{100 * x:.0f}%"
+
+
+def cost_summary_table(data_dir: Path) -> str:
+    """Median and largest |error| of the predicted step, per study and over all."""
+    return markdown(["study", "points", "predicted (anchors)", "median abs. error", "largest abs. error",
+                     "beyond 25%", "profile alone: median abs. error", "study's speed / profile's",
+                     "state/device within 1%"],
+                    [[s["study"], s["points"], f"{s['covered']} ({s['anchors']})", _pct(s["median"]),
+                      _pct(s["max"]), s["beyond_25"], _pct(s["median_profile"]),
+                      DASH if s["scale"] is None else f"{s['scale']:.2f}",
+                      f"{s['state_equal']} of {s['state_checked']}"]
+                     for s in cost_check.error_summary(cost_check.check_rows(data_dir))])
+
+
+def cost_points_table(data_dir: Path) -> str:
+    """Every committed point: measured and predicted ms/step, the prediction's parts, the
+    error, predicted and measured state bytes per device; or why it is not covered."""
+    out = []
+    for r in cost_check.check_rows(data_dir):
+        where = f"{r['devices']} {'ranks' if r['ranks'] else 'dev'}"
+        if "error" not in r:
+            out.append([r["point"], r["model"], r["strategy"], where, f"{r['measured_ms']:.1f}",
+                        "not covered: " + r["why"], "", "", "", "", ""])
+            continue
+        state = (f"{r['state_predicted'] / 1e6:.2f} / {r['state_measured'] / 1e6:.2f}"
+                 if r.get("state_measured") else DASH)
+        out.append([r["point"], r["model"], r["strategy"], where, f"{r['measured_ms']:.1f}",
+                    f"{r['predicted_ms']:.1f}",
+                    f"{r['compute_ms']:.1f} + {r['comm_ms']:.1f} + {r['bubble_ms']:.1f}",
+                    f"{r['anchored_ms']:.1f}", "anchor" if r["anchor"] else f"{100 * r['error']:+.0f}%",
+                    f"{100 * r['error_profile']:+.0f}%", state])
+    return markdown(["point", "model", "strategy", "devices", "measured ms", "predicted ms (profile)",
+                     "compute + comm + bubble ms", "anchored ms", "error (anchored)", "error (profile alone)",
+                     "state MB/device predicted / measured"], out)
+
+
+def assumptions_table(_: Path) -> str:
+    """The assumed hardware the extrapolation uses (jaxpar.cost.DEVICES and LINKS), with sources."""
+    rows = [[f"device `{d.name}`", f"{d.peak_gflops / 1e3:g} TFLOP/s f32, {d.memory_bytes / 1e9:g} GB at "
+             f"{d.memory_bytes_per_s / 1e12:g} TB/s, {1e6 * d.layer_overhead_s:g} us per layer and step",
+             d.source] for d in cost.DEVICES.values()]
+    rows += [[f"link `{k.name}`", f"{k.bytes_per_s / 1e9:g} GB/s, {1e6 * k.latency_s:g} us per message", k.source]
+             for k in cost.LINKS.values()]
+    return markdown(["assumed", "value", "source"], rows)
+
+
+def h100_table(data_dir: Path) -> str:
+    """The assumed H100 against an H100 profile measured on a lent node (`single`'s step)."""
+    return markdown(["model", "batch", "measured on the H100 (profile) ms", "machine command's one-device ms",
+                     "assumed H100 predicted ms", "assumed / measured"],
+                    [[r["model"], r["batch"], f"{r['measured_ms']:.3f}",
+                      DASH if r["machine_ms"] is None else f"{r['machine_ms']:.3f}",
+                      f"{r['assumed_ms']:.3f}", f"{r['ratio']:.2f}"]
+                     for r in cost_check.assumed_h100_rows(data_dir)])
+
+
+def _errors(rows: list[dict], study: str, model: str, strategy: str) -> dict[int, float]:
+    """{devices or ranks: anchored error} of one strategy's points in one study."""
+    return {r["devices"]: r["error"] for r in rows if (r["study"], r["model"], r["strategy"]) == (study, model, strategy)
+            and "error" in r and not r["anchor"] and "/strong/" in f"/{r['point']}/"}
+
+
+def cost_findings(data_dir: Path) -> str:
+    """The profile's session, the misses the check names, and the assumed H100 against a measured one."""
+    rows = cost_check.check_rows(data_dir)
+    summary = {s["study"]: s for s in cost_check.error_summary(rows)}
+    profile = results.load(Path(data_dir) / cost_check.PROFILE_UNDER_DATA).metrics
+    threads = [every / one for e in profile["models"].values()
+               for every, one in zip(e["steps"]["step_ms_median"], e["steps_one_thread"]["step_ms_median"])]
+    said = lambda errors: listing([f"{percent(e, signed=True)} on {n}" for n, e in sorted(errors.items())])  # noqa: E731
+    four = {s: _errors(rows, "scaling-ranks", "cnn", s).get(4) for s in ("dp-auto", "pipeline", "layer-split")}
+    lines = [f"The check covers {summary['all']['covered']} of {summary['all']['points']} committed points, anchored: "
+             f"median error {percent(summary['all']['median'])}, {summary['all']['beyond_25']} beyond 25%; "
+             f"the profile alone {percent(summary['all']['median_profile'])}.",
+             f"In the profile's session the every-core step of each model at each batch was "
+             f"{span(threads, '.2f', 'x')} its one-thread step: XLA's second thread sometimes cost more than it bought.",
+             f"`tensor` across processes on one host: {said(_errors(rows, 'scaling-ranks', 'cnn', 'tensor'))} ranks; "
+             f"`tensor-auto` {said(_errors(rows, 'scaling-ranks', 'cnn', 'tensor-auto'))}.",
+             "On 4 processes, more than the cores: " + ", ".join(
+                 f"`{s}` {percent(e, signed=True)}" for s, e in four.items() if e is not None) + ".",
+             f"The network study's {summary['network']['covered']} points, each collective priced as the profile "
+             f"measured it across 2 emulated hosts at the point's bandwidth: median error "
+             f"{percent(summary['network']['median'])}."]
+    h100 = cost_check.assumed_h100_rows(data_dir)
+    if h100:
+        lines.append(f"The assumed H100 predicts `single`'s step {span([1 / r['ratio'] for r in h100], '.1f', 'x')} "
+                     f"faster than the measured H100 ran it ({len(h100)} model and batch pairs).")
+    return bullets(lines)
+
+
+TABLES = {"cost-findings": cost_findings, "cost-summary": cost_summary_table, "cost-points": cost_points_table,
+          "cost-assumptions": assumptions_table, "cost-h100": h100_table}

@@ -1,0 +1,84 @@
+"""Numbers the docs may type in their prose, because they are not measurements: limits the
+project sets, configuration, specifications, arithmetic on shapes, claims a test checks. Every
+other number with a unit of measurement outside a generated block (`report`'s markers), a code
+block or inline code is a typed measurement, which `report --check` refuses naming it: a
+measured number is generated from the results files (a study's findings), never typed.
+
+    typed_measurements(Path("."))   # ['docs/x.md:12: "41 ms" in ...', ...]
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+# A number with a unit a measurement would carry: times, ratios, shares, rates, sizes.
+MEASURED = re.compile(r"(?<![\w.\-/^])[-+]?\d[\d,]*(?:\.\d+)?(?:-\d[\d,]*(?:\.\d+)?)?\s?"
+                      r"(?:x\b|%|ms\b|s\b|images/s\b|MB\b|MiB\b|GB\b|GFLOP/s\b|TFLOP/s\b|us\b|minutes?\b)")
+
+# (page, the phrase holding the number) -> why it is not a measurement
+NOT_MEASURED = {
+    ("docs/cost.md", "4 KB to 16 MB"): "the profile's message sizes",
+    ("docs/cost.md", "4 KB to 2 MB"): "the profile's message sizes across hosts",
+    ("docs/demo.md", "ink's box (5%)"): "the drawing's preprocessing, a setting",
+    ("docs/machines.md", "about 8 minutes"): "the machine command's --budget",
+    ("docs/multiprocess.md", "12.5 MB in about 0.1 s"): "a tested claim (the link carries its rate)",
+    ("docs/multiprocess.md", "within 10%"): "a tested claim's tolerance",
+    ("docs/multiprocess.md", "3 to 5 minutes"): "how long a test takes, not a result",
+    ("docs/multiprocess.md", "for 2 minutes"): "a SLURM setting (BeginTime)",
+    ("docs/multiprocess.md", "(30 s start, 10 s heartbeat"): "timeouts, settings",
+    ("docs/multiprocess.md", "after 5 minutes"): "a timeout, a setting",
+    ("docs/strategies.md", "50% and 98% padding"): "arithmetic on the CNN's shapes (tested)",
+    ("docs/strategies.md", "width 64 x 4 blocks"): "a model's shape",
+    ("docs/strategies.md", "equal 2 x sub-blocks"): "a formula",
+    ("docs/strategies.md", "50% more than the explicit"): "compiled bytes, a tested claim",
+    ("docs/studies/batch-size.md", "within 1.25x"): "the regimes' threshold, a setting",
+    ("docs/studies/batch-size.md", "falling by 10%"): "the regimes' threshold, a setting",
+    ("docs/studies/batch-size.md", "than 1.25x the fewest"): "the regimes' threshold, a setting",
+    ("docs/studies/bounds.md", "within 1.3x"): "the limits the project sets",
+    ("docs/studies/bounds.md", "1.5x; on 4 devices each within 2x"): "the limits the project sets",
+    ("docs/studies/cost-check.md", "±25%"): "the figure's band",
+    ("docs/studies/cost-check.md", "103 GB of f32 state"): "arithmetic on the model's size",
+    ("docs/studies/cost-check.md", "device of 80 GB"): "a specification",
+    ("docs/studies/cost-check.md", "(8192 x 8192 matmuls)"): "a model's shape",
+    ("docs/studies/network.md", "within 10%"): "a tested claim's tolerance",
+    ("docs/studies/pipeline.md", "width 256 x 8 blocks"): "a model's shape",
+    ("docs/studies/scaling.md", "about 90% efficiency"): "Horovod's paper, cited",
+    ("docs/studies/strategies.md", "width 256 x 8 residual"): "a model's shape",
+}
+
+
+def prose(text: str) -> str:
+    """`text` without its generated blocks, comments, code blocks and inline code (blanked, so
+    that lines keep their numbers)."""
+    blank = lambda m: "\n" * m.group(0).count("\n")  # noqa: E731
+    text = re.sub(r"<!-- report:([\w-]+) -->.*?<!-- /report:\1 -->", blank, text, flags=re.S)
+    text = re.sub(r"<!--.*?-->", blank, text, flags=re.S)
+    text = re.sub(r"^```.*?^```", blank, text, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "``", text)
+
+
+def allowed(page: str, line: str, match: re.Match) -> bool:
+    """Whether the number `match` found in `line` of `page` is inside a phrase NOT_MEASURED lists."""
+    for (where, phrase), _ in NOT_MEASURED.items():
+        if where != page:
+            continue
+        flat = phrase.replace("\n", " ")
+        for found in re.finditer(re.escape(flat), line):
+            if found.start() <= match.start() and match.end() <= found.end():
+                return True
+    return False
+
+
+def typed_measurements(root: Path, pages: list[Path]) -> list[str]:
+    """'PAGE:LINE: "41 ms" in ...' for every typed number with a measurement's unit."""
+    found = []
+    for page in pages:
+        name = page.relative_to(root).as_posix()
+        lines = prose(page.read_text()).splitlines()
+        for i, line in enumerate(lines, 1):
+            joined = line if i == len(lines) else line + " " + lines[i].lstrip()  # a phrase may wrap
+            for m in MEASURED.finditer(line):
+                if not allowed(name, joined, m):
+                    found.append(f"{name}:{i}: {m.group(0).strip()!r} in ...{line[max(0, m.start() - 40):m.end() + 20]}")
+    return found

@@ -1,0 +1,1 @@
+"""The machine study: study.py (what it runs and writes), tables.py, figures.py."""

@@ -1,0 +1,178 @@
+"""The pipeline study's figures, drawn from its pipeline.json alone: the bubble, throughput,
+micro-batches in flight and memory against M (pipeline_bubble.png), the schedule tables as a
+picture (pipeline_schedule.png), and the measured timelines beside them (pipeline_timeline.png).
+
+    python -m experiments figures --data figures/data --out figures
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments.publish.plotting import legend_below, plain_log_axis, pyplot, save
+from experiments.studies.pipeline.study import GEMS
+from jaxpar.parallel.pipeline import schedules
+from jaxpar.parallel.pipeline.schedules.generators import mirrored
+
+
+SCHEDULE_STYLE = {"gpipe": dict(color="C0", marker="o"), "1f1b": dict(color="C1", marker="s"),
+                  GEMS: dict(color="C2", marker="^")}
+
+
+def pipeline_bubble(result: dict, out: Path) -> Path:
+    """2x2 panels against micro-batches M, GPipe vs 1F1B (vs GEMS, when the file has it): the
+    bubble of the schedule tables with (S-1)/(M+S-1) (GEMS: (S-2)/(2M+S-2)); measured
+    images/s, with `single`'s at the same batch (dash-dot) when the file has it; micro-batches
+    held at once on the fullest device, with every device's count at the M whose tables the
+    file stores; temporary memory per device (XLA's memory analysis of the compiled step) and,
+    dotted, parameters + optimizer state per device.
+
+    Args:
+        result: the RunResult dict written by experiments/studies/pipeline/study.py (pipeline.json).
+        out: folder for pipeline_bubble.png.
+    """
+    plt = pyplot()
+    data, cfg = result["metrics"], result["config"]
+    fig, axes = plt.subplots(2, 2, figsize=(10, 8))
+    (bub, tput), (flight, mem) = axes
+    _schedule_lines(axes, data)
+    single = (data.get("single") or {}).get("images_per_sec")
+    reference = [tput.axhline(single, color="0.4", ls="-.", lw=1)] if single else []
+    per_stage = []
+    for name, table in data.get("tables", {}).items():  # every stage, from the stored tables
+        counts = schedules.peak_in_flight(table["table"])
+        per_stage.append(f"{name}, M={table['M']}: " + ", ".join(map(str, counts)))
+    if per_stage:
+        flight.text(0.03, 0.97, "per device 0..S-1\n" + "\n".join(per_stage), transform=flight.transAxes,
+                    va="top", fontsize=8, bbox=dict(fc="white", ec="0.8"))
+    _pipeline_axes(axes, data)
+    env = data.get("point_env") or result.get("env", {})
+    fig.suptitle(f"Pipeline, S={data['stages']} stages on {data['stages']} simulated CPU devices sharing "
+                 f"{env.get('cpu_cores', '?')} cores; stack-mlp width {cfg.get('width')} x "
+                 f"{cfg.get('depth')} blocks, batch {cfg.get('batch_size')}", fontsize=10)
+    fig.tight_layout()
+    handles, labels = bub.get_legend_handles_labels()
+    legend_below(fig, handles + reference, labels + ["single, 1 device"] * len(reference))
+    return save(fig, out / "pipeline_bubble.png")
+
+
+def _schedule_lines(axes, data: dict) -> None:
+    """Each schedule's bubble, throughput, micro-batches in flight and memory against M, and
+    the bubble formulas beside the tables' bubbles."""
+    (bub, tput), (flight, mem) = axes
+    for name, style in SCHEDULE_STYLE.items():
+        rows = [r for r in data["rows"] if r["schedule"] == name]
+        if not rows:
+            continue
+        ms = [r["M"] for r in rows]
+        kw = dict(label=name, mfc="none", mew=1.5, ms=8 if name == "gpipe" else 6, **style)
+        bub.plot(ms, [r["bubble"] for r in rows], ls="none", **kw)
+        flight.plot(ms, [r["peak_in_flight"] for r in rows], ls="-", **kw)
+        timed = [r for r in rows if r.get("images_per_sec")]
+        tput.plot([r["M"] for r in timed], [r["images_per_sec"] for r in timed], ls="-", **kw)
+        mem.plot([r["M"] for r in timed], [r.get("activation_bytes", r["temp_bytes"]) / 2 ** 20 for r in timed], ls="-", **kw)
+        if any(r.get("state_bytes") for r in timed):
+            mem.plot([r["M"] for r in timed], [r["state_bytes"] / 2 ** 20 for r in timed], ls=":",
+                     color=style["color"])
+    for names, line, label in ((schedules.SCHEDULES, "k--", "(S-1)/(M+S-1)"),
+                               ((GEMS,), "g:", "(S-2)/(2M+S-2)")):
+        theory = sorted({(r["M"], r["theory"]) for r in data["rows"] if r["schedule"] in names})
+        if theory:
+            bub.plot(*zip(*theory), line, lw=1, label=label)
+
+
+def _pipeline_axes(axes, data: dict) -> None:
+    """Titles, labels and the shared log2 M axis of pipeline_bubble's panels."""
+    (bub, tput), (flight, mem) = axes
+    for ax, title, label in ((bub, "Bubble (from the schedule tables)", "idle share of stage-slots"),
+                             (tput, "Throughput (measured)", "images/s"),
+                             (flight, "Micro-batches held at once, fullest device", "micro-batches"),
+                             (mem, "Activations per device (measured; dotted: parameters + optimizer)", "MiB")):
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(label)
+    flight.set_yscale("log", base=2)
+    plain_log_axis(flight.yaxis, base=2, between=False)
+    ms_all = sorted({r["M"] for r in data["rows"]})
+    for a in axes.flat:
+        a.set_xscale("log", base=2)
+        a.set_xticks(ms_all, [str(m) for m in ms_all])
+        a.set_xlim(ms_all[0] / 1.3, ms_all[-1] * 1.3)
+        a.set_xlabel("micro-batches M")
+        a.grid(True, alpha=0.3)
+    for a in (tput, mem):
+        if not any(r.get("images_per_sec") for r in data["rows"]):
+            a.text(0.5, 0.5, "not measured (--no-measure)", ha="center", transform=a.transAxes)
+
+
+def pipeline_schedule(result: dict, out: Path) -> Path:
+    """GPipe-paper-style picture: devices as rows, one F/B micro-batch block per slot (GEMS:
+    its second replica's blocks hatched, that replica running the stages in reverse device
+    order)."""
+    plt = pyplot()
+    data = result["metrics"]
+    names, S = list(data["tables"]), data["stages"]
+    fig, axes = plt.subplots(len(names), 1, figsize=(12, 1.4 + 0.55 * S * len(names)), squeeze=False)
+    for ax, name in zip(axes[:, 0], names):
+        table = data["tables"][name]["table"]
+        for t, row in enumerate(table):
+            for d, slot in enumerate(row):
+                if slot:
+                    kind, m, r = schedules.op(slot)
+                    ax.add_patch(plt.Rectangle((t, d), 1, 1, ec="k", fc="#8ecae6" if kind == "F" else "#ffb703",
+                                               hatch="//" if r else None))
+                    ax.text(t + 0.5, d + 0.5, f"{kind}{m}", ha="center", va="center", fontsize=7)
+        ax.set_xlim(0, len(table))
+        ax.set_ylim(S, 0)
+        ax.set_xticks([t + 0.5 for t in range(len(table))], [str(t) for t in range(len(table))], fontsize=7)
+        labels = ([f"device {d}: stages {d}, {mirrored(S)[1][d]}'" for d in range(S)]
+                  if name == GEMS else [f"stage {d} (device {d})" for d in range(S)])
+        ax.set_yticks([d + 0.5 for d in range(S)], labels)
+        idle = schedules.bubble_fraction(table)
+        ax.set_title(f"{name}, S={S}, M={data['tables'][name]['M']}: {len(table)} slots, "
+                     f"{idle:.0%} of device-slots idle (blank = bubble)"
+                     + ("; hatched: replica 1 (stage s' on device S-1-s)" if name == GEMS else ""),
+                     fontsize=10)
+    axes[-1, 0].set_xlabel("time slot (one forward F or backward B of one micro-batch on one stage)")
+    fig.tight_layout()
+    return save(fig, out / "pipeline_schedule.png")
+
+
+KIND_COLORS = {"F": "#8ecae6", "B": "#ffb703", "F+B": "#90be6d"}
+
+
+def pipeline_timeline(result: dict, out: Path) -> Path:
+    """The measured timelines beside the tables: devices as rows, one box per stage program
+    from when the device began it to when it finished (stamped on the device), labelled with
+    its micro-batch; the measured idle fraction beside the schedule's bubble."""
+    plt = pyplot()
+    timelines = result["metrics"]["timelines"]
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(12, 1.6 + 1.3 * len(timelines)), squeeze=False)
+    for ax, (name, tl) in zip(axes[:, 0], timelines.items()):
+        work = [e for e in tl["events"] if e["kind"] in KIND_COLORS]
+        begin = min(e["start_ms"] for e in work)
+        devices = sorted({e["device"] for e in work})
+        for e in work:
+            width = e["end_ms"] - e["start_ms"]
+            ax.add_patch(plt.Rectangle((e["start_ms"] - begin, e["device"] + 0.1), width, 0.8, ec="k", lw=0.5,
+                                       fc=KIND_COLORS[e["kind"]], hatch="//" if e["replica"] else None))
+            ax.text(e["start_ms"] - begin + width / 2, e["device"] + 0.5, str(e["microbatch"]),
+                    ha="center", va="center", fontsize=6)
+        span = max(e["end_ms"] for e in work) - begin
+        ax.set_xlim(0, span * 1.01)
+        ax.set_ylim(len(devices), 0)
+        ax.set_yticks([d + 0.5 for d in devices], [f"device {d}" for d in devices])
+        ax.set_title(f"{name}, {tl['model']}, {len(devices)} devices: measured idle {tl['idle_fraction']:.0%} "
+                     f"of devices x span; schedule's bubble {tl['bubble_fraction']:.0%} (theory "
+                     f"{tl['bubble_theory']:.0%}); the timed step {tl['step_ms']:.1f} ms", fontsize=9)
+    handles = [plt.Rectangle((0, 0), 1, 1, fc=c, ec="k") for c in KIND_COLORS.values()]
+    labels = ["forward", "backward", "last stage: forward, loss and backward"]
+    axes[-1, 0].set_xlabel("ms from the step's first stage program (one stamped step; "
+                           "numbers: micro-batch; hatched: GEMS replica 1)")
+    fig.tight_layout()
+    legend_below(fig, handles, labels)
+    return save(fig, out / "pipeline_timeline.png")
+
+
+FIGURES = (("pipeline", (("pipeline_bubble.png", pipeline_bubble),
+                         ("pipeline_schedule.png", pipeline_schedule),
+                         ("pipeline_timeline.png", pipeline_timeline))),)

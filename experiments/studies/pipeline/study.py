@@ -1,0 +1,222 @@
+"""Pipeline study: bubble fraction, throughput and activation memory vs micro-batch count M for
+S stages, GPipe vs 1F1B vs GEMS (bidirectional replicas, `--strategy gems`).
+
+The bubble and the peak micro-batches in flight come from the schedule tables
+(jaxpar.parallel.pipeline.schedules), with GPipe's (S-1)/(M+S-1) beside them (GEMS: its own
+(S-2)/(2M+S-2); even S and M only). Throughput (images/s, median step), temporary memory per
+device (XLA's memory analysis of the compiled step: activations and the buffers around them)
+and state memory per device (GEMS holds two stages' parameters) are measured with one
+`bench` point per (schedule, M): the `pipeline` strategy (GEMS: `gems`) on S simulated CPU
+devices, mesh stage=S, beside `single` on one device at the same batch (the reference, and
+the cost check's anchor for this study's session), each measured --rounds times, round after
+round, each round's order rotated (`points.in_rounds`); a row is the point's median round
+(`points.median_round`).
+
+    python -m experiments pipeline --out figures/data/pipeline       # full: S=4, M=1..32, minutes
+    python -m experiments pipeline --quick --out /tmp/pipe           # S=2, M=1..4, tiny model
+    python -m experiments pipeline --no-measure --out /tmp/pipe      # schedule tables only
+
+Writes OUT/pipeline.json (RunResult, kind 'pipeline') and one bench result per measured point
+and round under OUT/points/<schedule>-M<m>/r<k>/ (the reference: OUT/points/single/r<k>/); a
+stopped study resumes from the points already there.
+Simulated devices share the machine's cores, so the measured throughput shows the bubble
+only as far as idle stages free cores for busy ones: the figure states the cores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments import options
+from experiments.options import BenchOptions, option
+from experiments.points import points
+from experiments.points.points import Point
+from experiments.studies.study import Study, at_least
+from jaxpar import results
+from jaxpar.config import TrainConfig, with_options
+from jaxpar.errors import ConfigError
+from jaxpar.mesh import STAGE, format_mesh
+from jaxpar.parallel.pipeline import schedules
+from jaxpar.parallel.pipeline.gems import Gems
+
+MODEL = "stack-mlp"  # its blocks make stages of equal cost: the bubble is the schedule's alone
+PICTURE_MAX_M = 8  # the schedule picture uses the largest M up to this (readable blocks)
+GEMS = Gems.name  # `--strategy gems`, and its table in schedules.GENERATORS; the others are `pipeline --schedule NAME`
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    out: str = options.out("pipeline")
+    stages: int = option(4, "pipeline stages S = simulated devices")
+    max_microbatches: int = option(32, "largest micro-batch count M; M runs over the powers of two up to it")
+    width: int | None = options.train_option("width", 256)
+    depth: int | None = options.train_option("depth", 8)  # stack-mlp blocks (+ stem, head: S <= depth + 2)
+    # 512: 16 rows per micro-batch at M=32, so the largest M still does real work per slot.
+    batch_size: int = options.train_option("batch_size", 512)
+    measure: bool = option(True, "time each (schedule, M) in a bench process (--no-measure: schedule tables only, seconds)")
+    measured_microbatches: tuple[int, ...] | None = option(None, "the M's to time (default: every M)")
+    iters: int = options.iters()
+    warmup: int = options.warmup()
+    rounds: int = option(3, "passes over every measured point, each in a fresh process, the order rotated each pass; a row is the point's median round")
+    timeout: int = options.timeout()
+    # The measured timelines: the seeds' CNN as the bounds are stated for it (2 devices, M=8).
+    timeline_model: str = options.train_option("model", "cnn")
+    timeline_stages: int = option(2, "stages (simulated devices) of the measured timelines (0: none)")
+    timeline_microbatches: int = option(8, "micro-batches M of the measured timelines")
+    timeline_batch_size: int = option(128, "global batch of the measured timelines")
+
+
+# S=2, M up to 4, a tiny stack-mlp; throughput measured at the largest M only.
+QUICK = dataclasses.replace(PipelineConfig(), stages=2, max_microbatches=4, width=32, depth=2,
+                            batch_size=64, measured_microbatches=(4,), iters=3, warmup=1,
+                            rounds=1, timeout=120, timeline_model=MODEL, timeline_microbatches=4,
+                            timeline_batch_size=64)
+
+
+def planned_microbatches(config: PipelineConfig) -> tuple[list[int], list[int]]:
+    """(every M, the M's to measure); checks the options before any work."""
+    S, top = config.stages, config.max_microbatches
+    if S < 2:
+        raise ConfigError(f"--stages must be >= 2 for a pipeline, got {S}")
+    at_least(config, 1, "max_microbatches", "iters", "batch_size", "rounds")
+    at_least(config, 0, "warmup")
+    counts = [2 ** i for i in range(top.bit_length()) if 2 ** i <= top]
+    measured = [] if not config.measure else list(config.measured_microbatches or counts)
+    if set(measured) - set(counts):
+        raise ConfigError(f"--measured-microbatches must be among the M's {counts}, got {measured}")
+    if measured and config.batch_size % max(measured):
+        raise ConfigError(f"--batch-size {config.batch_size} must be a multiple of the largest "
+                          f"M = {max(measured)} (each micro-batch gets batch/M rows)")
+    return counts, measured
+
+
+def counts_for(name: str, stages: int, microbatch_counts: list[int]) -> list[int]:
+    """The M's schedule `name` runs at S stages (GEMS: even S, even M: half per replica)."""
+    if name != GEMS:
+        return list(microbatch_counts)
+    return [m for m in microbatch_counts if m % 2 == 0] if stages % 2 == 0 else []
+
+
+def schedule_rows(stages: int, microbatch_counts: list[int]) -> tuple[list[dict], dict]:
+    """Bubble and peak in-flight micro-batches per schedule and M, from the tables.
+
+    Returns:
+        (rows [{schedule, M, bubble, theory, peak_in_flight}],
+         {schedule: {"M", "table"}} for the largest M <= PICTURE_MAX_M)
+    """
+    rows, tables = [], {}
+    for name in schedules.GENERATORS:
+        counts = counts_for(name, stages, microbatch_counts)
+        theory = schedules.gems_bubble_theory if name == GEMS else schedules.bubble_theory
+        for m in counts:
+            table = schedules.table(schedules.build(name, stages, m))
+            rows.append({"schedule": name, "M": m, "bubble": schedules.bubble_fraction(table),
+                         "theory": theory(stages, m),
+                         "peak_in_flight": max(schedules.peak_in_flight(table))})
+        pictured = [m for m in counts if m <= PICTURE_MAX_M]
+        if pictured:
+            tables[name] = {"M": max(pictured), "table": schedules.table(schedules.build(name, stages, max(pictured)))}
+    return rows, tables
+
+
+def schedule_point(config: PipelineConfig, schedule: str, m: int) -> Point:
+    """One (schedule, M) bench point: the pipeline strategy on S simulated devices."""
+    S = config.stages
+    by_schedule = {"strategy": GEMS} if schedule == GEMS else {"strategy": "pipeline", "schedule": schedule}
+    train = with_options(TrainConfig(), dataset="synthetic", model=MODEL, width=config.width,
+                         depth=config.depth, devices=S, mesh=format_mesh({STAGE: S}),
+                         microbatches=m, batch_size=config.batch_size, **by_schedule)
+    # --no-matmul-peak: the study does not use it, and it costs seconds a point.
+    bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False)
+    return Point(f"points/{schedule}-M{m}", train, bench)
+
+
+def single_point(config: PipelineConfig) -> Point:
+    """The reference: the same model and batch under `single` on one device."""
+    train = with_options(TrainConfig(), dataset="synthetic", model=MODEL, width=config.width,
+                         depth=config.depth, strategy="single", batch_size=config.batch_size)
+    bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False)
+    return Point("points/single", train, bench)
+
+
+def timeline_point(config: PipelineConfig, schedule: str) -> Point:
+    """One stamped step of `schedule` with one program per stage (`bench --timeline`)."""
+    S, m = config.timeline_stages, config.timeline_microbatches
+    by_schedule = {"strategy": GEMS} if schedule == GEMS else {"strategy": "pipeline", "schedule": schedule}
+    small = {"width": config.width, "depth": config.depth} if config.timeline_model == MODEL else {}
+    train = with_options(TrainConfig(), dataset="synthetic", model=config.timeline_model, devices=S,
+                         mesh=format_mesh({STAGE: S}), microbatches=m, pipeline_impl="mpmd",
+                         batch_size=config.timeline_batch_size, **small, **by_schedule)
+    bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False, timeline=True)
+    return Point(f"timelines/{schedule}-S{S}-M{m}", train, bench)
+
+
+def timeline_of(result: results.RunResult, folder: str) -> dict:
+    return {**result.metrics["timeline"], "step_ms": result.metrics["step_time_ms_median"],
+            "model": result.config["model"]["model"], "point": folder}
+
+
+def measurement(measured: list[results.RunResult], folder: str) -> dict:
+    """Throughput and memory of one (schedule, M) from its rounds: the median round's."""
+    result = points.median_round(measured)
+    pm = result.metrics
+    return {"images_per_sec": pm["images_per_sec"], "step_ms": pm["step_time_ms_median"],
+            "step_ms_rounds": [r.metrics["step_time_ms_median"] for r in measured],
+            "temp_bytes": pm["memory_per_device"]["temp_bytes"],
+            # what the step holds beside its state: the SPMD program's temporaries; with a
+            # program per stage, the residuals kept between a forward and its backward too
+            "activation_bytes": pm.get("activation_bytes_per_device", pm["memory_per_device"]["temp_bytes"]),
+            "state_bytes": pm["state_bytes_per_device"], "compile_s": pm["compile_s"],
+            "collective_bytes": pm["collective_bytes_per_step"],
+            # host-driven stages move activations with device_put, not collectives
+            "moved_bytes": result.strategy.get("stage_transfer_bytes_per_step", pm["collective_bytes_per_step"]),
+            "implementation": result.strategy.get("implementation"), "point": folder}
+
+
+def run(config: PipelineConfig) -> list[Path]:
+    """Tables for every M, measured points, OUT/pipeline.json; return its path."""
+    counts, measured = planned_microbatches(config)
+    planned = {(s, m): schedule_point(config, s, m) for s in schedules.GENERATORS
+               for m in counts_for(s, config.stages, measured)}
+    timed = {s: timeline_point(config, s) for s in schedules.GENERATORS
+             if config.timeline_stages and counts_for(s, config.timeline_stages, [config.timeline_microbatches])}
+    reference = [single_point(config)] if planned else []
+    by_folder = points.run_rounds([*reference, *planned.values()], config.rounds, config.out,
+                                  config.timeout)
+    outcomes = {key: by_folder[p.folder] for key, p in planned.items()}
+    single = {"images_per_sec": None, "step_ms": None}  # --no-measure: no reference either
+    for p in reference:
+        single = measurement(by_folder[p.folder], p.folder)
+    stamped = points.run_points(list(timed.values()), config.out, config.timeout)  # one stamped step each
+    timelines = {s: timeline_of(r, timed[s].folder) for s, r in zip(timed, stamped)}
+    rows, tables = schedule_rows(config.stages, counts)
+    point_env = None
+    for r in rows:
+        r.update(images_per_sec=None, step_ms=None, temp_bytes=None, activation_bytes=None)
+        key = (r["schedule"], r["M"])
+        if key in outcomes:
+            r.update(measurement(outcomes[key], planned[key].folder))
+            point_env = outcomes[key][0].env
+        tput = f"{r['images_per_sec']:8,.0f} img/s {r['step_ms']:7.1f} ms activations {r['activation_bytes'] / 2**20:6.2f} MiB" \
+            if r["images_per_sec"] else "not measured"
+        print(f"{r['schedule']:6s} S={config.stages} M={r['M']:3d} bubble={r['bubble']:.3f} "
+              f"theory={r['theory']:.3f} peak_in_flight={r['peak_in_flight']:3d}  {tput}", flush=True)
+    if single["images_per_sec"]:
+        print(f"single on 1 device, batch {config.batch_size}: {single['images_per_sec']:,.0f} img/s "
+              f"{single['step_ms']:.1f} ms", flush=True)
+    record = {**dataclasses.asdict(config), "model": MODEL, "strategy": "pipeline", "bidirectional": GEMS,
+              "microbatch_counts": counts, "measured_microbatch_counts": measured}
+    result = results.RunResult(kind="pipeline", config=record, env=results.environment(),
+                               metrics={"stages": config.stages, "rows": rows, "tables": tables,
+                                        "point_env": point_env, "timelines": timelines,
+                                        "single": single})
+    path = results.write_atomic(Path(config.out) / "pipeline.json", result.to_json() + "\n")
+    print(f"wrote {path}")
+    return [path]
+
+
+STUDY = Study("pipeline", "pipeline bubble (schedule tables), throughput and memory per device (one "
+                          "bench process per point and round) vs micro-batches, GPipe vs 1F1B vs GEMS; writes "
+                          "OUT/pipeline.json", PipelineConfig, QUICK, run)

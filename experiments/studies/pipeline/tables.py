@@ -1,0 +1,111 @@
+"""The pipeline study's table (`report`): bubble, images/s, activation memory and bytes moved
+against micro-batches M per schedule, from its pipeline.json.
+
+    TABLES["pipeline"](Path("figures/data"))   # -> a markdown table
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments.publish import sources
+from experiments.publish.markdown import DASH, bullets, listing, markdown, mb, num, percent, span
+from experiments.studies.pipeline.study import GEMS
+from jaxpar import results
+
+
+def pipeline_table(data_dir: Path) -> str:
+    data = sources.load_source(data_dir, "pipeline")
+    rows = data["metrics"]["rows"]
+    by = {(r["schedule"], r["M"]): r for r in rows}
+    names = list(dict.fromkeys(r["schedule"] for r in rows))
+    gems = [GEMS] if GEMS in names else []  # its own bubble (GPipe's and 1F1B's agree)
+    bubble = lambda h: f"{h['bubble']:.3f} ({h['theory']:.3f})" if h else DASH  # noqa: E731
+    out = []
+    for m in sorted({r["M"] for r in rows}):
+        here = [by.get((s, m), {}) for s in names]
+        out.append([m, bubble(here[0]), *[bubble(by.get((g, m))) for g in gems],
+                    *[num(h.get("images_per_sec")) for h in here],
+                    *[num(h.get("activation_bytes", h["temp_bytes"]) / 2 ** 20, 1) if h.get("temp_bytes") else DASH
+                      for h in here],
+                    *[mb(h.get("moved_bytes", h.get("collective_bytes"))) for h in here]])
+    table = markdown(["M", "bubble (S-1)/(M+S-1)", *[f"{g} bubble (S-2)/(2M+S-2)" for g in gems],
+                      *[f"{s} images/s" for s in names], *[f"{s} activation MiB/device" for s in names],
+                      *[f"{s} MB moved/step" for s in names]], out)
+    single = data["metrics"].get("single") or {}
+    if not single.get("images_per_sec"):
+        return table  # measured before the study had its reference, or --no-measure
+    return (f"The reference, `single` on one device at the same batch: {num(single['images_per_sec'])} "
+            f"images/s ({num(single['step_ms'], 1)} ms/step).\n\n{table}")
+
+
+def _mib(row: dict) -> float:
+    return row.get("activation_bytes", row["temp_bytes"]) / 2 ** 20
+
+
+def pipeline_findings(data_dir: Path) -> str:
+    """The bubble against its formula, memory and throughput against M, and the timelines."""
+    data = sources.load_source(data_dir, "pipeline")
+    m = data["metrics"]
+    rows, S = m["rows"], m["stages"]
+    of = lambda name: [r for r in rows if r["schedule"] == name]  # noqa: E731
+    plain = [r for r in rows if r["schedule"] != GEMS]
+    off = [r for r in of(GEMS) if abs(r["bubble"] - r["theory"]) > 1e-9]
+    lines = [("The tables' bubble equals (S-1)/(M+S-1) for GPipe and 1F1B at every M"
+              if all(abs(r["bubble"] - r["theory"]) < 1e-9 for r in plain) else
+              "The tables' bubble departs from (S-1)/(M+S-1)")
+             + f" (S = {S}, M = {listing([str(r['M']) for r in of('gpipe')])}), GEMS's equals (S-2)/(2M+S-2)"
+             + ("".join(f" but at M = {r['M']} ({r['bubble']:.3f} against {r['theory']:.3f})" for r in off))
+             + "; the most micro-batches stage 0 holds at once grows as M under GPipe "
+             f"({max(r['peak_in_flight'] for r in of('gpipe'))} at M = {max(r['M'] for r in rows)}) and stops at "
+             f"{max(r['peak_in_flight'] for r in of('1f1b'))} under 1F1B."]
+    timed = [r for r in rows if r.get("images_per_sec")]
+    if timed:
+        first, last = min(r["M"] for r in timed), max(r["M"] for r in timed)
+        at = lambda name, k: next(r for r in timed if r["schedule"] == name and r["M"] == k)  # noqa: E731
+        ends = {name: (at(name, min(r["M"] for r in of(name))), at(name, last))
+                for name in dict.fromkeys(r["schedule"] for r in timed)}
+        lines.append("Activations per device: " + "; ".join(
+            f"{name} {_mib(a):.1f} MiB at M = {a['M']}, {_mib(b):.1f} at M = {b['M']}" for name, (a, b) in ends.items())
+            + ".")
+        single = (m.get("single") or {}).get("images_per_sec")
+        if single:
+            ones = [r for r in timed if r["M"] == first]
+            lines.append(f"At M = {first} the pipelines run {span([r['images_per_sec'] / single for r in ones], '.2f', 'x')} "
+                         f"`single` on one device at the same batch ({listing([num(r['images_per_sec']) for r in ones])} "
+                         f"against {num(single)} images/s); throughput then falls with M: " + "; ".join(
+                             f"{name} from {num(a['images_per_sec'])} to {num(b['images_per_sec'])}"
+                             for name, (a, b) in ends.items()) + " images/s.")
+        spread = {(r["schedule"], r["M"]): max(r["step_ms_rounds"]) / min(r["step_ms_rounds"]) - 1
+                  for r in timed if len(r.get("step_ms_rounds", ())) > 1}
+        if spread:
+            (name, k) = max(spread, key=spread.get)
+            lines.append(f"A point's rounds spread by up to {percent(spread[(name, k)])} ({name} at M = {k}: "
+                         f"{span(at(name, k)['step_ms_rounds'], '.0f', ' ms')}).")
+        if of(GEMS):
+            lines.append(f"GEMS moves {mb(of(GEMS)[-1]['moved_bytes'])} MB a step: each stage's gradient to the "
+                         "stage's other copy.")
+    for name, tl in m.get("timelines", {}).items():
+        lines.append(f"Timeline, {name} ({tl['model']}): measured idle {percent(tl['idle_fraction'])} of devices x "
+                     f"span against the schedule's bubble of {percent(tl['bubble_fraction'])}; the timed step "
+                     f"{tl['step_ms']:.1f} ms.")
+    cut = _timeline_cut(data_dir, m)
+    if cut:
+        lines.append(cut)
+    return bullets(lines)
+
+
+def _timeline_cut(data_dir: Path, m: dict) -> str:
+    """Stage 0's share of the timelines' model's FLOPs, from one timeline point's result."""
+    timelines = list(m.get("timelines", {}).values())
+    if not timelines:
+        return ""
+    path = sources.path_of(data_dir, "pipeline").parent / timelines[0]["point"] / results.RESULT_FILE
+    flops = results.load(path).strategy.get("stage_flops_per_example")
+    if not flops:
+        return ""
+    return (f"The timelines' {timelines[0]['model']} puts {percent(flops[0] / sum(flops))} of its FLOPs on "
+            "stage 0, so device 0 is the busy one under every schedule.")
+
+
+TABLES = {"pipeline": pipeline_table, "pipeline-findings": pipeline_findings}

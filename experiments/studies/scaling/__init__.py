@@ -1,0 +1,1 @@
+"""The scaling study: study.py (what it runs and writes), tables.py, figures.py."""

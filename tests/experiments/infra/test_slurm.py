@@ -1,0 +1,196 @@
+"""Launches through a real (single-node) SLURM cluster (`experiments/infra/slurm.py`): `srun -n 2`
+of an MPI strategy and of two jax.distributed ones (each rank's view, the result equal to
+`single`), a job killed mid-run and requeued by SLURM with `--resume auto` ending where an
+uninterrupted run ends, and no daemon left afterwards.
+
+Needs root and Debian's slurm-wlm and munge (`make test` installs them as root); skipped
+with the reason otherwise.
+
+    python -m pytest -q tests/experiments/infra/test_slurm.py
+"""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.infra import slurm
+from jaxpar.config import TrainConfig, with_options
+from jaxpar.train import fit
+from test_mpi_launch import ROOT, mpi_env
+
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_machine_wide_file_at_a_time(machine_wide):
+    """One emulated cluster / SLURM at a time (`conftest.machine_wide`)."""
+
+
+
+needs_slurm = pytest.mark.skipif(slurm.missing() is not None, reason=str(slurm.missing()))
+
+RUN = dict(dataset="synthetic", synthetic_size=2000, val_size=0, model="mlp", width=32, depth=1,
+           batch_size=32, steps=5, optimizer="sgd", lr_schedule="constant", progress=False)
+
+
+def flags(options: dict) -> list[str]:
+    """The command-line flags of `options` (TrainConfig field names)."""
+    out = []
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        out += [flag] if value is True else [f"--no-{flag[2:]}"] if value is False else [flag, str(value)]
+    return out
+
+
+def test_a_batch_script_is_one_process_and_srun_many(monkeypatch):
+    """A batch script has SLURM_NTASKS and SLURM_PROCID of its own; only srun's tasks
+    (SLURM_STEP_NUM_TASKS) are a multi-process launch."""
+    from jaxpar.runtime import distributed
+
+    for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "SLURM_STEP_NUM_TASKS"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    assert distributed.launcher() is None and distributed.mpi_rank() == (0, 1)
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    assert distributed.launcher() == "slurm" and distributed.mpi_rank() == (1, 2)
+
+
+def _daemons() -> list[str]:
+    """SLURM and munge processes still running (any, not only ours: none should be)."""
+    left = []
+    for entry in Path("/proc").iterdir():
+        try:
+            name = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        if entry.name.isdigit() and name in (*slurm.DAEMONS, "slurmstepd") and slurm.alive(int(entry.name)):
+            left.append(f"{name} {entry.name}")
+    return left
+
+
+@pytest.fixture(scope="module")
+def env():
+    """A single-node SLURM cluster for this file's tests; afterwards no daemon is left."""
+    try:
+        yield {**mpi_env(), "SLURM_CONF": slurm.up()["SLURM_CONF"]}
+    finally:
+        slurm.down()
+        deadline = time.monotonic() + 10  # a job step's slurmstepd ends after its daemon
+        while _daemons() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _daemons() == [] and not slurm.HOME.exists()
+
+
+@pytest.fixture(scope="module")
+def single_loss():
+    """`single`'s final loss on RUN, in this process: what every launch must end with."""
+    return fit(with_options(TrainConfig(), **RUN, strategy="single")).result.metrics["final_loss"]
+
+
+def srun(env, *argv, mpi: bool = False, timeout: float = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["srun", "-n", "2", *(["--mpi=pmi2"] if mpi else []), *argv], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc
+
+
+VIEW = """import json, os, socket
+from jaxpar.runtime import distributed
+distributed.setup("auto", single_threaded=False)
+import jax
+print(json.dumps({"launcher": distributed.launcher(), "slurm_rank": int(os.environ["SLURM_PROCID"]),
+                  "rank": jax.process_index(), "processes": jax.process_count(),
+                  "mesh": [d.process_index for d in jax.devices()]}), flush=True)
+"""
+MPI_VIEW = """import json, os
+from mpi4py import MPI
+print(json.dumps({"slurm_rank": int(os.environ["SLURM_PROCID"]), "rank": MPI.COMM_WORLD.rank,
+                  "processes": MPI.COMM_WORLD.size}), flush=True)
+"""
+
+
+def views(proc) -> list[dict]:
+    return sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")),
+                  key=lambda v: v["rank"])
+
+
+@needs_slurm
+def test_srun_mpi_strategy(env, tmp_path, single_loss):
+    """srun --mpi=pmi2: the ranks are SLURM's tasks 0 and 1 in one MPI world of 2, and
+    mpi-allreduce over them ends with `single`'s loss."""
+    seen = views(srun(env, sys.executable, "-c", MPI_VIEW, mpi=True))
+    assert seen == [{"slurm_rank": r, "rank": r, "processes": 2} for r in (0, 1)]
+    srun(env, sys.executable, "-m", "mpi4py", "-m", "experiments", "train", "--strategy",
+         "mpi-allreduce", *flags(RUN), "--out", str(tmp_path), mpi=True)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["strategy"]["processes"] == 2 and result["env"]["mpi_ranks"] == 2
+    assert result["metrics"]["final_loss"] == pytest.approx(single_loss, rel=1e-5)
+
+
+@needs_slurm
+@pytest.mark.parametrize("strategy", ["dp-auto", "fsdp"])
+def test_srun_jax_distributed(env, tmp_path, single_loss, strategy):
+    """Plain srun (jax.distributed from SLURM's environment): each rank is its SLURM task, the
+    global mesh holds a device of each, and the strategy ends with `single`'s loss."""
+    if strategy == "dp-auto":  # one look at the ranks' view is enough
+        seen = views(srun(env, sys.executable, "-c", VIEW))
+        assert seen == [{"launcher": "slurm", "slurm_rank": r, "rank": r, "processes": 2,
+                         "mesh": [0, 1]} for r in (0, 1)]
+    srun(env, sys.executable, "-m", "experiments", "train", "--strategy", strategy, *flags(RUN),
+         "--out", str(tmp_path))
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["env"]["process_count"] == 2
+    assert result["strategy"]["process_layout"]["processes"] == 2
+    assert result["metrics"]["final_loss"] == pytest.approx(single_loss, rel=1e-5)
+
+
+JOB = """#!/bin/sh
+#SBATCH --requeue --open-mode=append -n 1
+exec {python} -m experiments train {flags} --checkpoint-every 50 --resume auto \\
+    --checkpoint-dir {dir}/ckpt --out {dir}/out
+"""
+
+
+def _job(env, job: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True,
+                         text=True, timeout=30).stdout
+    return dict(field.split("=", 1) for field in out.split() if "=" in field)
+
+
+@needs_slurm
+def test_a_requeued_job_resumes_and_ends_like_an_uninterrupted_run(env, tmp_path):
+    """One job script with --resume auto: SLURM requeues the job mid-run (scontrol requeue
+    ends it: SIGTERM, on which the run saves and exits, SIGKILL after KillWait), the job
+    starts again, continues from the checkpoint and ends with the loss of a run never
+    interrupted."""
+    run = {**RUN, "steps": 1000, "synthetic_size": 600, "batch_size": 16, "strategy": "single"}
+    script = tmp_path / "job.sh"
+    script.write_text(JOB.format(python=sys.executable, flags=" ".join(flags(run)), dir=tmp_path))
+    job = subprocess.run(["sbatch", "--parsable", "-o", str(tmp_path / "job.log"), str(script)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    ckpt, deadline = tmp_path / "ckpt", time.monotonic() + 240
+    while not any(p.name.isdigit() for p in ckpt.glob("*")):
+        assert time.monotonic() < deadline and _job(env, job)["JobState"] in ("PENDING", "RUNNING"), \
+            (tmp_path / "job.log").read_text()[-2000:]
+        time.sleep(0.1)
+    subprocess.run(["scontrol", "requeue", job], env=env, check=True, capture_output=True)
+    # SLURM holds a requeued job back for 2 minutes (its BeginTime); let it start now.
+    while _job(env, job)["JobState"] not in ("PENDING", "COMPLETED"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True,
+                   capture_output=True)
+    while (state := _job(env, job))["JobState"] != "COMPLETED" or state["Restarts"] != "1":
+        assert time.monotonic() < deadline and state["JobState"] not in ("FAILED", "CANCELLED"), state
+        time.sleep(0.2)
+    log = (tmp_path / "job.log").read_text()
+    result = json.loads((tmp_path / "out/result.json").read_text())
+    assert result["metrics"]["resumed_from_step"], log[-2000:]
+    assert "resumed from step" in log and "--resume auto continues it" in log
+    uninterrupted = fit(with_options(TrainConfig(), **run)).result.metrics["final_loss"]
+    assert result["metrics"]["final_loss"] == uninterrupted
