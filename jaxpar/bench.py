@@ -23,6 +23,7 @@ from jaxpar.config import TrainConfig, to_dict
 from jaxpar.errors import ConfigError
 from jaxpar.optim import make_optimizer
 from jaxpar.parallel.pipeline.host import timeline as host_timeline
+from jaxpar.parallel.pipeline.schedules import timed_bubble
 from jaxpar.results import RunResult, capture_provenance, environment
 from jaxpar.train import build_model, make_strategy
 from jaxpar.validate import validate
@@ -144,13 +145,17 @@ def wire_counters(interface: str) -> dict[str, int]:
 
 
 def _timeline(strategy, state, batch) -> dict:
-    """One stamped step's events, its measured idle fraction and the schedule's bubble."""
+    """One stamped step's events, its measured idle fraction, the schedule's bubble, and its
+    bubble replayed with the step's own measured forward and backward times."""
     events = strategy.timeline(state, batch)
     describe = strategy.describe()
+    seconds = host_timeline.action_seconds(events)
     return {"timeline": {"events": events,
                          "idle_fraction": host_timeline.idle_fraction(events, len(strategy.devices)),
                          "bubble_fraction": describe.get("bubble_fraction", 0.0),
-                         "bubble_theory": describe.get("bubble_theory", 0.0)}}
+                         "bubble_theory": describe.get("bubble_theory", 0.0),
+                         "bubble_timed": timed_bubble(strategy.schedule, seconds),
+                         "action_ms": {f"{k}{s}": 1000 * v for (k, s), v in sorted(seconds.items())}}}
 
 
 def report(result: RunResult) -> str:

@@ -13,10 +13,16 @@ in proportion), at a multiple of 8, the width XLA:CPU vectorises channels by.
 The strategies whose stages overlap on workers of their own use the cut inside conv2 when it lowers
 the costliest stage by 5% or more and `--stage-boundaries` is not given: `mpi-pipeline` (a
 rank each), and `pipeline` and `gems` as stage programs on accelerators and across processes.
-On CPU devices simulated in one process those keep whole layers (they share the cores `single`
-already fills: `PipelineStrategy.cuts_inside_layers`), as do
-`layer-split` (one stage at a time) and `hybrid` (tensor-split stages). States convert at the strategy's edge (`to_view`, `from_view`): checkpoints,
-gradients and `state_to_reference` stay in the model's own layout.
+On CPU devices simulated in one process those keep whole layers: they share the cores `single`
+already fills (`PipelineStrategy.cuts_inside_layers`; the bounds study, 2 devices, CNN cut
+inside conv2: GPipe 1.08x `single`, 1F1B 1.37x, against 1.22x and 1.16x cut after it). Where
+each stage has a worker of its own balance pays: CNN 1F1B on 2 single-threaded ranks walked
+from the host, 40-44 ms cut inside conv2 (with the collective hops before transfers, 53 ms
+cut inside and 58 ms after it); simulated devices each on one thread (`--single-thread`, as
+ranks are): 1F1B 22.9-23.0 ms cut inside conv2 against 30.6-40.7 after it, GPipe 32.4-33.8
+against 32.3-32.7. `layer-split` (one stage at a time) and `hybrid` (tensor-split stages)
+keep whole layers too. States convert at the strategy's edge (`to_view`, `from_view`):
+checkpoints, gradients and `state_to_reference` stay in the model's own layout.
 
     plan = inner_cut.plan(config, stages=2, inside=True)
     plan.starts, plan.names      # (0, 2), ("conv1", "conv2[:32]", "conv2[32:64]", "fc1", "fc2")

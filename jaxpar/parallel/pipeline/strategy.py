@@ -136,15 +136,9 @@ class PipelineStrategy(Strategy):
         return timed_bubble(self.schedule)
 
     def cuts_inside_layers(self) -> bool:
-        """Balance (`inner_cut`) pays where each stage has a worker of its own: accelerators, and
-        processes (ranks), whose stages hand on point to point (CNN 1F1B on 2 single-threaded
-        ranks walked from the host: 40-44 ms cut inside conv2; with the collective hops before
-        transfers, 53 ms cut inside and 58 ms after it), and simulated devices each on one
-        thread of its own (`--single-thread`, as ranks are: CNN, 2 devices, 1F1B 22.9-23.0 ms
-        cut inside conv2 against 30.6-40.7 after it; GPipe 32.4-33.8 against 32.3-32.7). Not on
-        CPU devices sharing XLA's threads in one process: they share the cores `single`
-        already fills (the bounds study, 2 devices, CNN cut inside conv2: GPipe 1.08x
-        `single`, 1F1B 1.37x, against 1.22x and 1.16x cut after it in its previous run). The
+        """Whether stages may part a layer (`inner_cut`): where each stage has a worker of its
+        own (an accelerator, a process, a simulated device on a thread of its own), not on CPU
+        devices sharing XLA's threads in one process (measured: `inner_cut`'s docstring); the
         SPMD program holds whole layers."""
         if self.implementation == "spmd":
             return False
