@@ -47,6 +47,7 @@ def accelerator_plugins() -> list[str]:
     """The accelerator backends JAX will find here (its PJRT plugins: jax[cuda13]'s
     jax_cuda13_plugin, ROCm's; a TPU's libtpu), found without starting any backend: JAX looks
     for plugins as modules of the `jax_plugins` namespace and as `jax_plugins` entry points."""
+    # only to ask how jaxlib builds XLA:CPU's convolutions
     import importlib.metadata
     import importlib.util
     import pkgutil
@@ -104,6 +105,7 @@ def simulate_cpu_devices(n: int | None) -> None:
         return
     if n < 1:
         raise MeshError(f"--devices must be >= 1, got {n}")
+    # imports JAX: mesh is read before the device count is set
     import jax
 
     try:
@@ -159,6 +161,7 @@ def make_mesh(axes: dict[str, int], devices=None):
     Built with `Mesh(...)` rather than `jax.make_mesh`, whose Explicit axes make unsharded
     `shard_map` arguments fail.
     """
+    # imports JAX: after the CPU devices are simulated
     import jax
     from jax.sharding import Mesh
 

@@ -93,6 +93,7 @@ def target_metrics(reached: dict[str, Any] | None, batch_size: int) -> dict[str,
 
 def _progress(enabled: bool):
     """The live progress bar (a silent one when not `enabled`)."""
+    # rich's progress bar: only when shown
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     return Progress(TextColumn("[bold]epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),

@@ -109,6 +109,7 @@ def trim_library_wheel(wheel: Path) -> dict:
 
 def prepare(carry: Path, mpi: bool = True) -> dict:
     """Download what the node lacks into `carry` (replaced whole, never left half-made)."""
+    # imports JAX: the pin is onednn.py's, asked only when preparing
     from jaxpar.models.onednn import ONEDNN_PACKAGES, VERSION
 
     part = carry.with_name(carry.name + ".part")
@@ -181,7 +182,7 @@ def _pip_install(paths: list[Path], env: dict | None = None, timeout: float = PI
                           env={**os.environ, **(env or {})})
 
 
-def install(carry: Path) -> list[str]:
+def install_carry(carry: Path) -> list[str]:
     """Install the carried oneDNN wheels (pip --no-deps, from the files alone) and, where they
     build, MPICH and mpi4jax; a line per step. CarryError when oneDNN cannot be installed."""
     read_manifest(carry)
@@ -232,6 +233,7 @@ def check() -> str:
     before jaxpar is imported (its import reads it), as `main` sets it."""
     if os.environ.get("JAX_PLATFORMS") != "cpu":
         raise CarryError("check the CPU: run it with JAX_PLATFORMS=cpu (experiments/infra/measure_node.sh does)")
+    # imports JAX: the node's check only, after JAX_PLATFORMS is set
     from jaxpar.models import layers, onednn
 
     resolved = layers.resolve_conv_impl("auto")
@@ -260,7 +262,7 @@ def main(argv: list[str]) -> int:
         if args.command == "size":
             return report_size(carry)
         if args.command == "install":
-            print("\n".join(install(carry)))
+            print("\n".join(install_carry(carry)))
             return 0
         os.environ["JAX_PLATFORMS"] = "cpu"
         print(check())

@@ -225,6 +225,7 @@ def _bounded_http():
     module-level helpers (private API); if they are gone in some TFDS
     version, the reachability check is still the guard.
     """
+    # TFDS's downloader: only when a dataset is on no disk
     from tensorflow_datasets.core.download import downloader
 
     open_url = getattr(downloader, "_open_url", None)

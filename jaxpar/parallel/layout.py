@@ -57,6 +57,7 @@ def host_copy(tree: Any) -> Any:
     """Host (numpy) copy of `tree`, like `jax.device_get`, except that an array split over
     other processes' devices (one global mesh under jax.distributed) is first gathered from
     every process. Every process must call it at the same point (it is a collective there)."""
+    # only under jax.distributed (a global array to gather)
     from jax.experimental import multihost_utils
 
     def one(x):

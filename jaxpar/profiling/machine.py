@@ -28,6 +28,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 from flax import nnx
 
@@ -39,7 +40,7 @@ from jaxpar.cost import F32
 from jaxpar.data import IMAGE_SHAPE
 from jaxpar.models import abstract_model, from_config, option_value
 from jaxpar.optim import make_optimizer
-from jaxpar.parallel.pipeline.partition import _train_work, model_layers
+from jaxpar.parallel.pipeline.partition import model_layers, train_work
 from jaxpar.step import init_state, split_model
 
 # The models the committed studies measure: the seeds' CNN and MLP, the ResNet, and the
@@ -176,7 +177,7 @@ def layer_profile(model: ModelConfig, batches, iters: int) -> list[dict]:
             def run(p, x, r, i=i):
                 return nnx.merge(graphdef, p, r).layers()[i](x, True)
 
-            work = jax.jit(functools.partial(_train_work, run, i > 0))
+            work = jax.jit(functools.partial(train_work, run, i > 0))
             entry["ms"][str(b)] = fastest_ms(measure.time_calls(lambda: work(params, h, rest), iters))
             h = jax.jit(run)(params, h, rest)
     return found
@@ -196,7 +197,6 @@ def fit_latency_bandwidth(points: list[tuple[int, float]]) -> dict:
 def _collective_fn(op: str, n: int):
     """A shard_map program that runs collective `op` once over an axis of `n` devices on an
     operand of each device's rows."""
-    from jax.sharding import PartitionSpec as P
 
     def body(x):
         if op == "all-reduce":
@@ -215,7 +215,6 @@ def _collective_fn(op: str, n: int):
 def collective_profile(devices, sizes, iters: int, typical=fastest_ms) -> dict:
     """{op: {devices: fit}} for the simulated devices' collectives (operand bytes per device,
     as `measure.collective_bytes` counts them); `typical` reads ms from the timed calls."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
 
     out: dict = {}
     for op in COLLECTIVE_OPS:

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import numpy as np
 
 from jaxpar.models import onednn
@@ -295,7 +296,6 @@ def matmul_peak(devices, n: int = 2048, repeats: int = 10) -> dict[str, float]:
     This is the ceiling a training step's achieved FLOP/s is compared with: simulated CPU
     devices share the cores, so N devices together reach about what one does.
     """
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     devices = list(devices)
     mesh = Mesh(np.array(devices), ("d",))

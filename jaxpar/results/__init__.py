@@ -146,6 +146,7 @@ def environment(config=None, strategy=None) -> dict[str, Any]:
     GPU), the revision its run started from, the data it read (`capture_provenance`) and what
     ran (`ran`: the layer forms of `config`'s model, oneDNN, XLA's threads, the formulation
     `strategy` ran; a study's own process passes neither)."""
+    # imports JAX: only when a result's environment is read
     import flax
     import jax
     import optax

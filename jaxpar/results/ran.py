@@ -31,6 +31,7 @@ def record(config=None, strategy=None) -> dict[str, Any]:
       'isa'} where oneDNN's convolutions ran, else None), 'xla_threads' (per process) and
       'pipeline' (the formulation a pipeline strategy ran: 'spmd' or 'mpmd'; else None).
     """
+    # imports JAX and the models: importing jaxpar.results stays light
     from jaxpar.models import forms, onednn
 
     out: dict[str, Any] = dict(forms(config.model)) if config is not None else {}
@@ -45,6 +46,7 @@ def record(config=None, strategy=None) -> dict[str, Any]:
 def xla_threads() -> int:
     """XLA:CPU's threads in this process: its pool is sized to the cores the process may run
     on (its affinity); single-threaded (--single-thread), one per device."""
+    # imports JAX: importing jaxpar.results stays light
     import jax
 
     return jax.local_device_count() if mesh.single_threaded() else mesh.cores_available()
@@ -52,6 +54,7 @@ def xla_threads() -> int:
 
 def gpu() -> dict[str, str | None] | None:
     """{'name', 'driver'} of this process's first GPU; None on another backend."""
+    # imports JAX: importing jaxpar.results stays light
     import jax
 
     if jax.default_backend() not in ("gpu", "cuda", "rocm"):

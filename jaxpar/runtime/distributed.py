@@ -42,6 +42,7 @@ def import_mpi():
       (mpi4py.MPI, mpi4jax)
     """
     try:
+        # MPI only for runs launched under mpiexec
         from mpi4py import MPI
         import mpi4jax
     except (ImportError, RuntimeError) as error:  # RuntimeError: mpi4jax built against another MPI
@@ -161,6 +162,7 @@ def initialize(mode: str) -> None:
     if mode == "none" or (mode == "auto" and launcher() is None):
         return
     kind = launcher() if mode == "auto" else mode
+    # imports JAX: after the process's threads and devices are set
     import jax
 
     timeouts = dict(initialization_timeout=INIT_TIMEOUT_S,
@@ -197,6 +199,7 @@ def _gloo_gives_way() -> None:
     under SCHED_IDLE (`jaxpar.runtime.gloo_poller`: collectives 4.0 -> 0.2 ms on shared cores)."""
     if not meshlib.cpu_backend_expected():
         return
+    # imports JAX: after the process's threads and devices are set
     import jax
 
     jax.devices()

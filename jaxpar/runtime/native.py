@@ -29,6 +29,7 @@ class Unavailable(RuntimeError):
 def build_library(source: Path, flags: tuple[str, ...] = ()) -> Path:
     """`source` compiled into a shared library in the cache; `flags` go after the source
     (include folders, libraries to link)."""
+    # imports JAX: only when a library is built
     import jax
     import jaxlib
 
@@ -58,6 +59,7 @@ def build_library(source: Path, flags: tuple[str, ...] = ()) -> Path:
 
 def register(library: Path, targets: dict[str, str]) -> ctypes.CDLL:
     """Load `library` and register its FFI handlers with XLA:CPU: {target name: symbol}."""
+    # imports JAX: only when a library is registered
     import jax
 
     try:

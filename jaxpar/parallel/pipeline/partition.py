@@ -57,7 +57,7 @@ def _model_layers(model_config: ModelConfig, spec: datalib.Spec, factory
         def run(p, x, r, i=i):
             return nnx.merge(graphdef, p, r).layers()[i](x, True)
 
-        lowered = jax.jit(functools.partial(_train_work, run, i > 0)).lower(params, h, rest)
+        lowered = jax.jit(functools.partial(train_work, run, i > 0)).lower(params, h, rest)
         found.append((layer.name, _flops(lowered)))
         h = jax.eval_shape(run, params, h, rest)
     return tuple(found)
@@ -83,7 +83,7 @@ def _flops(lowered) -> float:
     return 0.0
 
 
-def _train_work(run, input_grad: bool, params, x, rest):
+def train_work(run, input_grad: bool, params, x, rest):
     """A layer's forward and backward: the gradients of its parameters (and of its input
     when `input_grad`), its output standing in for the incoming gradient."""
     if not input_grad:

@@ -31,6 +31,7 @@ def local_address() -> str:
 def exchange(address: str) -> tuple[str, ...]:
     """Every process's `address` (or any short text), by process index. A collective: every
     process calls it at the same point."""
+    # only under jax.distributed
     from jax.experimental import multihost_utils
 
     mine = np.zeros(_ADDRESS_BYTES, np.uint8)

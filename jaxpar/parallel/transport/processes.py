@@ -123,6 +123,7 @@ def fetch_held(tree):
     array that only some processes hold is sent to all from the first of them. Every process
     calls it at the same point, and decides from the shardings alone, so all make the same
     collective calls in the same order."""
+    # only under jax.distributed
     from jax.experimental import multihost_utils
 
     if not many():

@@ -91,6 +91,7 @@ def count() -> int:
 def _server():
     """This process's server, on the interface that reaches the coordinator (emulated or
     real hosts reach each other there)."""
+    # JAX's transfer servers: only between processes on CPU
     from jax.experimental import transfer
 
     host = addresses.local_address()

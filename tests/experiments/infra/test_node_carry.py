@@ -28,7 +28,7 @@ def node_carry_cli(*args: str, env: dict | None = None) -> subprocess.CompletedP
 
 def test_an_empty_carry_is_refused_naming_prepare(tmp_path):
     with pytest.raises(node_carry.CarryError, match="node_carry prepare"):
-        node_carry.install(tmp_path)
+        node_carry.install_carry(tmp_path)
     done = node_carry_cli("install", "--carry", str(tmp_path))
     assert done.returncode == 2 and "node_carry prepare" in done.stderr
 
