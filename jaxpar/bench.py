@@ -64,7 +64,7 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
                                               warmup, iters, wire)
     median_s = sorted(times)[len(times) // 2]
     peak = measure.matmul_peak(list(mesh.devices.flat))["gflops"] if matmul_peak else None
-    measured_timeline = _timeline(strategy, state, batch) if timeline else {}
+    measured_timeline = _timeline(strategy, state, batch, median_s) if timeline else {}
     accounting = strategy.accounting(programs, state)
     achieved = programs.flops / median_s / 1e9
     metrics = {
@@ -144,14 +144,18 @@ def wire_counters(interface: str) -> dict[str, int]:
     return {name: int((folder / name).read_text()) for name in WIRE_COUNTERS}
 
 
-def _timeline(strategy, state, batch) -> dict:
-    """One stamped step's events, its measured idle fraction, the schedule's bubble, and its
-    bubble replayed with the step's own measured forward and backward times."""
+def _timeline(strategy, state, batch, step_s: float) -> dict:
+    """One stamped step's events and its idle fraction; the schedule's bubble, and its bubble
+    replayed with the step's own measured action times (`bubble_timed`) beside the bubble of
+    the timed step itself (`bubble_measured`: the devices' stamped work against S x the median
+    step the runtime ran, unstamped)."""
     events = strategy.timeline(state, batch)
     describe = strategy.describe()
     seconds = host_timeline.action_seconds(events)
+    devices = len(strategy.devices)
     return {"timeline": {"events": events,
-                         "idle_fraction": host_timeline.idle_fraction(events, len(strategy.devices)),
+                         "idle_fraction": host_timeline.idle_fraction(events, devices),
+                         "bubble_measured": 1.0 - host_timeline.busy_ms(events) / (devices * 1000 * step_s),
                          "bubble_fraction": describe.get("bubble_fraction", 0.0),
                          "bubble_theory": describe.get("bubble_theory", 0.0),
                          "bubble_timed": timed_bubble(strategy.schedule, seconds),

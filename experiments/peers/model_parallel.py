@@ -22,16 +22,16 @@ from dataclasses import dataclass
 
 from experiments.options import BenchOptions
 from experiments.peers.jaxpar_side import peer_train_config
-from experiments.peers.torch_point import TorchPoint
+from experiments.peers.torch_point import PIPELINE_CLASSES, TorchPoint
 from experiments.points.mpi import check_ranks, places_model
 from experiments.points.points import Point
 from jaxpar.config import TrainConfig, with_options
 from jaxpar.errors import ConfigError
-from jaxpar.parallel.pipeline import inner_cut
+from jaxpar.parallel.pipeline import inner_cut, schedules
 
 
 SECTION = "model-parallel"
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}  # jaxpar's name: PyTorch's class
+SCHEDULES = PIPELINE_CLASSES  # jaxpar's name: PyTorch's class (every schedule both ship)
 
 
 @dataclass(frozen=True)
@@ -46,14 +46,20 @@ class Entry:
     on_ranks: bool = True
 
 
+def per_rank(schedule: str) -> str:
+    """'a stage per rank', or 'V stages per rank' for a schedule with several."""
+    v = schedules.virtual_stages(schedule)
+    return "a stage per rank" if v == 1 else f"{v} stages per rank"
+
+
 def entries(config) -> dict[str, Entry]:
     """Every configuration of the section, in table order, by key."""
     found = {}
     for s in config.schedules:
         peer = f"torch-{s}"
         found |= {
-            peer: Entry("pytorch", f"torch.distributed.pipelining {SCHEDULES[s]}, a stage per rank (gloo)"),
-            f"jaxpar-mpi-pipeline-{s}": Entry("jaxpar", f"mpi-pipeline {s}, a stage per rank (mpi4jax)",
+            peer: Entry("pytorch", f"torch.distributed.pipelining {SCHEDULES[s]}, {per_rank(s)} (gloo)"),
+            f"jaxpar-mpi-pipeline-{s}": Entry("jaxpar", f"mpi-pipeline {s}, {per_rank(s)} (mpi4jax)",
                                               peer, "mpi-pipeline", s),
             f"jaxpar-pipeline-ranks-{s}": Entry("jaxpar", f"pipeline {s}, one jax.distributed mesh over the ranks",
                                                 peer, "pipeline", s),
@@ -79,11 +85,21 @@ def mp_train_config(config, entry: Entry) -> TrainConfig:
     return with_options(base, microbatches=config.microbatches, schedule=entry.schedule)
 
 
-def stage_plan(config) -> inner_cut.Plan:
-    """Where jaxpar's pipelines cut --mp-model into --ranks stages (the CNN inside conv2): the
-    cut both frameworks run."""
-    entry = Entry("jaxpar", "", strategy="mpi-pipeline", schedule=config.schedules[0])
-    return inner_cut.plan(mp_train_config(config, entry), config.ranks, inside=True)
+def stage_plan(config, schedule: str | None = None) -> inner_cut.Plan:
+    """Where jaxpar's pipelines cut --mp-model into the schedule's stages (--ranks x its stages
+    per rank; the CNN inside conv2 where that balances them): the cut both frameworks run."""
+    schedule = schedule or config.schedules[0]
+    entry = Entry("jaxpar", "", strategy="mpi-pipeline", schedule=schedule)
+    stages = config.ranks * schedules.virtual_stages(schedule)
+    return inner_cut.plan(mp_train_config(config, entry), stages, inside=True)
+
+
+def stage_ranks(config, schedule: str) -> tuple[int, ...] | None:
+    """The rank of each stage where a rank holds several (jaxpar's placement, which PyTorch's
+    schedule of the same name also takes); None: stage s on rank s."""
+    if schedules.virtual_stages(schedule) == 1:
+        return None
+    return tuple(schedules.build(schedule, config.ranks, config.microbatches).placement[0])
 
 
 def mp_plan(config) -> tuple[list[str], dict[str, str]]:
@@ -118,12 +134,13 @@ def mp_point(config, key: str, k: int) -> Point | TorchPoint:
     folder = f"points/{config.mp_model}/mp/{key}/r{k}"
     if key.startswith("torch-"):
         mode = key.removeprefix("torch-")
-        cut = stage_plan(config) if mode in SCHEDULES else None  # pipelines only
+        cut = stage_plan(config, mode) if mode in SCHEDULES else None  # pipelines only
         return TorchPoint(folder, config.mp_model, mode, config.batch_size, config.iters, config.warmup,
                           config.ranks, config.adam, config.lr, matmul_peak=False,
                           microbatches=config.microbatches if cut else None,
                           stage_starts=cut.starts if cut else None,
-                          cut_channels=cut.channels if cut else None)
+                          cut_channels=cut.channels if cut else None,
+                          stage_ranks=stage_ranks(config, mode) if cut else None)
     bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False)
     entry = entries(config)[key]
     return Point(folder, mp_train_config(config, entry), bench, config.ranks if entry.on_ranks else None)

@@ -85,7 +85,7 @@ class PeersConfig:
     sections: tuple[str, ...] = option(SECTIONS, "data-parallel (the configurations above) and/or model-parallel (PyTorch's pipelining and tensor parallelism beside jaxpar's on --ranks ranks); a section not run keeps its rows from OUT/peers.json")
     mp_model: str = option("cnn", "model-parallel section: the model (one whose PyTorch twin is cut into stages)", choices="model")
     microbatches: int = option(8, "model-parallel section: micro-batches per global batch of every pipeline")
-    schedules: tuple[str, ...] = option(tuple(peers_mp.SCHEDULES), "model-parallel section: pipeline schedules (gpipe, 1f1b)")
+    schedules: tuple[str, ...] = option(tuple(peers_mp.SCHEDULES), "model-parallel section: pipeline schedules, each PyTorch's and jaxpar's (gpipe, 1f1b, interleaved-1f1b, looped-bfs, zb-h1, zbv, dualpipev)")
     mp_configs: tuple[str, ...] | None = option(None, "model-parallel section: its configurations to run (default: all; e.g. torch-gpipe,jaxpar-mpi-pipeline-gpipe)")
     timeout: int = options.timeout()
 

@@ -1,10 +1,10 @@
 """PyTorch's model parallelism on CPU over gloo, for the `peers` study's model-parallel rows:
-one rank of a `torch.distributed.pipelining` pipeline (ScheduleGPipe or Schedule1F1B, a stage
-per rank) or of DTensor tensor parallelism (`torch.distributed.tensor.parallel`). Each
+one rank of a `torch.distributed.pipelining` pipeline (any of its schedules: a stage, or
+several, per rank) or of DTensor tensor parallelism (`torch.distributed.tensor.parallel`). Each
 function runs inside a rank that experiments.peers.torch_bench's machinery started (1 thread, pinned, gloo
 initialised, seeded) and returns what it measured.
 
-    python -m experiments.peers.torch_parallel OUT/FOLDER/point.json    # a TorchPoint of mode gpipe | 1f1b | tp
+    python -m experiments.peers.torch_parallel OUT/FOLDER/point.json    # a TorchPoint: a pipeline schedule | tp
 
 The step is torch_bench's: uint8 images normalised in the first stage, mean cross-entropy,
 backward, Adam (fused: one parameter group per tensor kind, see `tensor_rank`). Pipeline
@@ -24,7 +24,7 @@ from torch.nn import functional as F
 from experiments.peers import torch_bench
 from experiments.peers import torch_models
 from experiments.peers.torch_bench import batch_for, make_optimizer, make_step, time_steps
-from experiments.peers.torch_point import TorchPoint
+from experiments.peers.torch_point import PIPELINE_CLASSES, PIPELINE_MODES, TorchPoint
 
 # The Megatron pair PyTorch's tensor parallelism splits in each twin (column-parallel, then
 # row-parallel: one all-reduce forward, one backward); everything else is replicated. DTensor
@@ -35,17 +35,23 @@ TP_PLANS = {"mlp": {"hidden.0": "colwise", "hidden.1": "rowwise"},
 
 
 def pipeline_rank(rank: int, point: TorchPoint) -> dict:
-    """Rank `rank`: stage `rank` of the twin, driven by the point's schedule."""
+    """Rank `rank`: its stages of the twin (stage `rank`, or those `stage_ranks` puts here),
+    driven by the point's schedule (PIPELINE_CLASSES: the same orders as jaxpar's)."""
     # torch.distributed's pipelining and DTensor: each imported only by the ranks that run it
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed import pipelining
 
     twin = torch_models.make_twin(point.model).train()  # same seed on every rank: same weights
-    module = torch_models.stage(twin, point.stage_starts, rank, point.cut_channels)
-    stage = PipelineStage(module, rank, point.ranks, torch.device("cpu"))
-    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[point.mode]
-    schedule = kind(stage, n_microbatches=point.microbatches, loss_fn=F.cross_entropy)
-    opt = make_optimizer(module.parameters(), point)
-    first, last = rank == 0, rank == point.ranks - 1
+    n = len(point.stage_starts)
+    homes = point.stage_ranks or tuple(range(n))
+    mine = [k for k in range(n) if homes[k] == rank]
+    modules = [torch_models.stage(twin, point.stage_starts, k, point.cut_channels) for k in mine]
+    stages = [pipelining.PipelineStage(m, k, n, torch.device("cpu")) for m, k in zip(modules, mine)]
+    kind = getattr(pipelining, PIPELINE_CLASSES[point.mode])
+    single = point.mode in ("gpipe", "1f1b")  # PipelineScheduleSingle: one stage per rank
+    schedule = kind(stages[0] if single else stages, n_microbatches=point.microbatches,
+                    loss_fn=F.cross_entropy)
+    opt = make_optimizer([p for m in modules for p in m.parameters()], point)
+    first, last = 0 in mine, n - 1 in mine
 
     def step(images: torch.Tensor, labels: torch.Tensor) -> None:
         opt.zero_grad(set_to_none=True)
@@ -79,7 +85,7 @@ def tensor_rank(rank: int, point: TorchPoint) -> dict:
             "param_count": sum(p.numel() for p in params)}  # a DTensor counts its global shape
 
 
-BODIES = {"gpipe": pipeline_rank, "1f1b": pipeline_rank, "tp": tensor_rank}
+BODIES = {**{mode: pipeline_rank for mode in PIPELINE_MODES}, "tp": tensor_rank}
 
 if __name__ == "__main__":
     sys.exit(torch_bench.main(sys.argv[1:], BODIES))

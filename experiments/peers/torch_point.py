@@ -20,12 +20,17 @@ from pathlib import Path
 
 from jaxpar.errors import ConfigError
 
-TORCH_MODES = ("eager", "compile", "ddp", "gpipe", "1f1b", "tp")
-# Modes of `ranks` gloo processes: data parallel, the two pipelining schedules, tensor parallel.
-RANK_MODES = ("ddp", "gpipe", "1f1b", "tp")
-PIPELINE_MODES = ("gpipe", "1f1b")  # torch.distributed.pipelining's ScheduleGPipe, Schedule1F1B
+# torch.distributed.pipelining's schedule class of each jaxpar schedule (the same orders).
+PIPELINE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
+                    "interleaved-1f1b": "ScheduleInterleaved1F1B", "looped-bfs": "ScheduleLoopedBFS",
+                    "zb-h1": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
+                    "dualpipev": "ScheduleDualPipeV"}
+PIPELINE_MODES = tuple(PIPELINE_CLASSES)
+TORCH_MODES = ("eager", "compile", "ddp", *PIPELINE_MODES, "tp")
+# Modes of `ranks` gloo processes: data parallel, the pipelining schedules, tensor parallel.
+RANK_MODES = ("ddp", *PIPELINE_MODES, "tp")
 # The process each mode runs in: model parallelism in its own module (it builds on torch_bench).
-MODEL_PARALLEL_MODES = ("gpipe", "1f1b", "tp")
+MODEL_PARALLEL_MODES = (*PIPELINE_MODES, "tp")
 
 
 def module(mode: str) -> str:
@@ -45,14 +50,17 @@ class TorchPoint:
 
     Attributes:
       folder: where its files go, under the study's --out.
-      mode: eager | compile (one process) | ddp | gpipe | 1f1b (torch.distributed.pipelining,
-        a stage per rank) | tp (DTensor tensor parallelism): `ranks` gloo processes, 1 thread each.
+      mode: eager | compile (one process) | ddp | a pipeline schedule (PIPELINE_CLASSES:
+        torch.distributed.pipelining, a stage or several per rank) | tp (DTensor tensor
+        parallelism): `ranks` gloo processes, 1 thread each.
       ranks: processes (1 unless mode is one of RANK_MODES).
       adam: a key of ADAM_KERNELS; lr: Adam's learning rate (constant).
       matmul_peak: also time a 2048^3 f32 matmul at the point's threads.
       device: where the model runs, a torch device ("cpu", "cuda"); eager and compile only.
       microbatches: micro-batches per global batch (pipelines only).
-      stage_starts: first layer of each stage, one stage per rank (pipelines only).
+      stage_starts: first layer of each stage (pipelines only).
+      stage_ranks: the rank of each stage (pipelines with several stages per rank; None: stage
+        s on rank s), as jaxpar's schedule places them.
       cut_channels: the CNN's conv2 held as two layers split after this output channel, as
         jaxpar's pipelines cut it (`jaxpar.parallel.pipeline.inner_cut`); None: whole layers.
     """
@@ -71,6 +79,7 @@ class TorchPoint:
     microbatches: int | None = None
     stage_starts: tuple[int, ...] | None = None
     cut_channels: int | None = None
+    stage_ranks: tuple[int, ...] | None = None
 
     def settings(self) -> dict:
         """What its result must record to be reused (everything but where it lives, and the
@@ -85,11 +94,11 @@ class TorchPoint:
     @classmethod
     def from_json(cls, text: str) -> "TorchPoint":
         d = json.loads(text)
-        starts = d.get("stage_starts")
-        return cls(**{**d, "stage_starts": None if starts is None else tuple(starts)})
+        tuples = {k: None if d.get(k) is None else tuple(d[k]) for k in ("stage_starts", "stage_ranks")}
+        return cls(**{**d, **tuples})
 
 
-PIPELINE_FIELDS = ("microbatches", "stage_starts", "cut_channels")
+PIPELINE_FIELDS = ("microbatches", "stage_starts", "cut_channels", "stage_ranks")
 
 
 def stored_torch_point(folder: Path, point: TorchPoint) -> dict | None:

@@ -16,7 +16,12 @@ from jaxpar.parallel.pipeline.schedules.generators import mirrored
 
 
 SCHEDULE_STYLE = {"gpipe": dict(color="C0", marker="o"), "1f1b": dict(color="C1", marker="s"),
-                  GEMS: dict(color="C2", marker="^")}
+                  GEMS: dict(color="C2", marker="^"), "interleaved-1f1b": dict(color="C3", marker="v"),
+                  "looped-bfs": dict(color="C4", marker="<"), "zb-h1": dict(color="C5", marker="D"),
+                  "zbv": dict(color="C6", marker="P"), "dualpipev": dict(color="C7", marker="X")}
+# A block's colour by what it runs: a forward, a whole backward, or its two halves (input and
+# weight gradients: zero-bubble schedules).
+BLOCK_COLORS = {"F": "#8ecae6", "B": "#ffb703", "I": "#fb8500", "W": "#b5838d"}
 
 
 def pipeline_bubble(result: dict, out: Path) -> Path:
@@ -118,14 +123,18 @@ def pipeline_schedule(result: dict, out: Path) -> Path:
             for d, slot in enumerate(row):
                 if slot:
                     kind, m, r = schedules.op(slot)
-                    ax.add_patch(plt.Rectangle((t, d), 1, 1, ec="k", fc="#8ecae6" if kind == "F" else "#ffb703",
+                    ax.add_patch(plt.Rectangle((t, d), 1, 1, ec="k", fc=BLOCK_COLORS[kind],
                                                hatch="//" if r else None))
-                    ax.text(t + 0.5, d + 0.5, f"{kind}{m}", ha="center", va="center", fontsize=7)
+                    # several stages per device: the stage beside the micro-batch
+                    where = f"\n{slot[3]}" if len(slot) > 3 else ""
+                    ax.text(t + 0.5, d + 0.5, f"{kind}{m}{where}", ha="center", va="center", fontsize=7)
         ax.set_xlim(0, len(table))
         ax.set_ylim(S, 0)
         ax.set_xticks([t + 0.5 for t in range(len(table))], [str(t) for t in range(len(table))], fontsize=7)
         labels = ([f"device {d}: stages {d}, {mirrored(S)[1][d]}'" for d in range(S)]
-                  if name == GEMS else [f"stage {d} (device {d})" for d in range(S)])
+                  if name == GEMS else [f"stage {d} (device {d})" for d in range(S)]
+                  if all(len(slot) < 4 for row in table for slot in row if slot) else
+                  [f"device {d}" for d in range(S)])
         ax.set_yticks([d + 0.5 for d in range(S)], labels)
         idle = schedules.bubble_fraction(table)
         ax.set_title(f"{name}, S={S}, M={data['tables'][name]['M']}: {len(table)} slots, "
@@ -137,7 +146,10 @@ def pipeline_schedule(result: dict, out: Path) -> Path:
     return save(fig, out / "pipeline_schedule.png")
 
 
-KIND_COLORS = {"F": "#8ecae6", "B": "#ffb703", "F+B": "#90be6d"}
+KIND_COLORS = {"F": "#8ecae6", "B": "#ffb703", "F+B": "#90be6d", "I": "#fb8500", "W": "#b5838d",
+               "F+I": "#52b788"}
+KIND_LABELS = {"F": "forward", "B": "backward", "F+B": "last stage: forward, loss and backward",
+               "I": "input gradient", "W": "weight gradient", "F+I": "last stage: forward, loss and input gradient"}
 
 
 def pipeline_timeline(result: dict, out: Path) -> Path:
@@ -164,8 +176,9 @@ def pipeline_timeline(result: dict, out: Path) -> Path:
         ax.set_title(f"{name}, {tl['model']}, {len(devices)} devices: measured idle {tl['idle_fraction']:.0%} "
                      f"of devices x span; schedule's bubble {tl['bubble_fraction']:.0%} (theory "
                      f"{tl['bubble_theory']:.0%}); the timed step {tl['step_ms']:.1f} ms", fontsize=9)
-    handles = [plt.Rectangle((0, 0), 1, 1, fc=c, ec="k") for c in KIND_COLORS.values()]
-    labels = ["forward", "backward", "last stage: forward, loss and backward"]
+    shown = [k for k in KIND_COLORS if any(e["kind"] == k for tl in timelines.values() for e in tl["events"])]
+    handles = [plt.Rectangle((0, 0), 1, 1, fc=KIND_COLORS[k], ec="k") for k in shown]
+    labels = [KIND_LABELS[k] for k in shown]
     axes[-1, 0].set_xlabel("ms from the step's first stage program (one stamped step; "
                            "numbers: micro-batch; hatched: GEMS replica 1)")
     fig.tight_layout()

@@ -64,14 +64,14 @@ class PipelineConfig:
     # The measured timelines: the seeds' CNN as the bounds are stated for it (2 devices, M=8).
     timeline_model: str = options.train_option("model", "cnn")
     timeline_stages: int = option(2, "stages (simulated devices) of the measured timelines (0: none)")
-    timeline_microbatches: int = option(8, "micro-batches M of the measured timelines")
+    timeline_microbatches: tuple[int, ...] = option((4, 8), "micro-batches M of the measured timelines")
     timeline_batch_size: int = option(128, "global batch of the measured timelines")
 
 
 # S=2, M up to 4, a tiny stack-mlp; throughput measured at the largest M only.
 QUICK = dataclasses.replace(PipelineConfig(), stages=2, max_microbatches=4, width=32, depth=2,
                             batch_size=64, measured_microbatches=(4,), iters=3, warmup=1,
-                            rounds=1, timeout=120, timeline_model=MODEL, timeline_microbatches=4,
+                            rounds=1, timeout=120, timeline_model=MODEL, timeline_microbatches=(4,),
                             timeline_batch_size=64)
 
 
@@ -93,10 +93,25 @@ def planned_microbatches(config: PipelineConfig) -> tuple[list[int], list[int]]:
 
 
 def counts_for(name: str, stages: int, microbatch_counts: list[int]) -> list[int]:
-    """The M's schedule `name` runs at S stages (GEMS: even S, even M: half per replica)."""
-    if name != GEMS:
-        return list(microbatch_counts)
-    return [m for m in microbatch_counts if m % 2 == 0] if stages % 2 == 0 else []
+    """The M's schedule `name` runs at S stages: those its own rules take (GEMS: even S and M;
+    interleaved schedules: M in whole rounds; dualpipev: at least a micro-batch per stage)."""
+    def runs(m):
+        try:
+            schedules.build(name, stages, m)
+        except schedules.ScheduleError:
+            return False
+        return True
+    return [m for m in microbatch_counts if runs(m)]
+
+
+def theory_of(name: str, stages: int, m: int) -> float:
+    """The bubble a schedule is held to: GPipe's and 1F1B's (S-1)/(M+S-1), GEMS's
+    (S-2)/(2M+S-2), any other's from its own lists with a backward twice a forward."""
+    if name == GEMS:
+        return schedules.gems_bubble_theory(stages, m)
+    if name in ("gpipe", "1f1b"):
+        return schedules.bubble_theory(stages, m)
+    return schedules.timed_bubble(schedules.build(name, stages, m))
 
 
 def schedule_rows(stages: int, microbatch_counts: list[int]) -> tuple[list[dict], dict]:
@@ -109,11 +124,13 @@ def schedule_rows(stages: int, microbatch_counts: list[int]) -> tuple[list[dict]
     rows, tables = [], {}
     for name in schedules.GENERATORS:
         counts = counts_for(name, stages, microbatch_counts)
-        theory = schedules.gems_bubble_theory if name == GEMS else schedules.bubble_theory
         for m in counts:
-            table = schedules.table(schedules.build(name, stages, m))
-            rows.append({"schedule": name, "M": m, "bubble": schedules.bubble_fraction(table),
-                         "theory": theory(stages, m),
+            schedule = schedules.build(name, stages, m)
+            table = schedules.table(schedule)
+            classic = name in ("gpipe", "1f1b", GEMS)  # slots of one length: the table's share
+            rows.append({"schedule": name, "M": m,
+                         "bubble": schedules.bubble_fraction(table) if classic else schedules.timed_bubble(schedule),
+                         "theory": theory_of(name, stages, m),
                          "peak_in_flight": max(schedules.peak_in_flight(table))})
         pictured = [m for m in counts if m <= PICTURE_MAX_M]
         if pictured:
@@ -141,14 +158,16 @@ def single_point(config: PipelineConfig) -> Point:
     return Point("points/single", train, bench)
 
 
-def timeline_point(config: PipelineConfig, schedule: str) -> Point:
-    """One stamped step of `schedule` with one program per stage (`bench --timeline`)."""
-    S, m = config.timeline_stages, config.timeline_microbatches
+def timeline_point(config: PipelineConfig, schedule: str, m: int) -> Point:
+    """One stamped step of `schedule` at M = m with one program per stage (`bench --timeline`),
+    each simulated device on one thread of its own (as a rank with a core: sharing threads,
+    another device's work would fill a bubble)."""
+    S = config.timeline_stages
     by_schedule = {"strategy": GEMS} if schedule == GEMS else {"strategy": "pipeline", "schedule": schedule}
     small = {"width": config.width, "depth": config.depth} if config.timeline_model == MODEL else {}
     train = with_options(TrainConfig(), dataset="synthetic", model=config.timeline_model, devices=S,
                          mesh=format_mesh({STAGE: S}), microbatches=m, pipeline_impl="mpmd",
-                         batch_size=config.timeline_batch_size, **small, **by_schedule)
+                         single_thread=True, batch_size=config.timeline_batch_size, **small, **by_schedule)
     bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False, timeline=True)
     return Point(f"timelines/{schedule}-S{S}-M{m}", train, bench)
 
@@ -180,8 +199,8 @@ def run(config: PipelineConfig) -> list[Path]:
     counts, measured = planned_microbatches(config)
     planned = {(s, m): schedule_point(config, s, m) for s in schedules.GENERATORS
                for m in counts_for(s, config.stages, measured)}
-    timed = {s: timeline_point(config, s) for s in schedules.GENERATORS
-             if config.timeline_stages and counts_for(s, config.timeline_stages, [config.timeline_microbatches])}
+    timed = {f"{s}, M={m}": timeline_point(config, s, m) for s in schedules.GENERATORS if config.timeline_stages
+             for m in counts_for(s, config.timeline_stages, list(config.timeline_microbatches))}
     reference = [single_point(config)] if planned else []
     by_folder = points.run_rounds([*reference, *planned.values()], config.rounds, config.out,
                                   config.timeout)

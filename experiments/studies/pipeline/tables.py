@@ -49,7 +49,7 @@ def pipeline_findings(data_dir: Path) -> str:
     m = data["metrics"]
     rows, S = m["rows"], m["stages"]
     of = lambda name: [r for r in rows if r["schedule"] == name]  # noqa: E731
-    plain = [r for r in rows if r["schedule"] != GEMS]
+    plain = [r for r in rows if r["schedule"] in ("gpipe", "1f1b")]
     off = [r for r in of(GEMS) if abs(r["bubble"] - r["theory"]) > 1e-9]
     lines = [("The tables' bubble equals (S-1)/(M+S-1) for GPipe and 1F1B at every M"
               if all(abs(r["bubble"] - r["theory"]) < 1e-9 for r in plain) else
@@ -59,6 +59,12 @@ def pipeline_findings(data_dir: Path) -> str:
              + "; the most micro-batches stage 0 holds at once grows as M under GPipe "
              f"({max(r['peak_in_flight'] for r in of('gpipe'))} at M = {max(r['M'] for r in rows)}) and stops at "
              f"{max(r['peak_in_flight'] for r in of('1f1b'))} under 1F1B."]
+    others = [name for name in dict.fromkeys(r["schedule"] for r in rows) if name not in ("gpipe", "1f1b", GEMS)]
+    if others:
+        at = {name: max(of(name), key=lambda r: r["M"]) for name in others}
+        lines.append("Replayed from their own lists with a backward twice a forward, the other schedules idle "
+                     + "; ".join(f"{name} {percent(at[name]['bubble'])} at M = {at[name]['M']}" for name in others)
+                     + f" (1F1B {percent(max(of('1f1b'), key=lambda r: r['M'])['bubble'])} at its largest M).")
     timed = [r for r in rows if r.get("images_per_sec")]
     if timed:
         first, last = min(r["M"] for r in timed), max(r["M"] for r in timed)
@@ -86,6 +92,13 @@ def pipeline_findings(data_dir: Path) -> str:
             lines.append(f"GEMS moves {mb(of(GEMS)[-1]['moved_bytes'])} MB a step: each stage's gradient to the "
                          "stage's other copy.")
     for name, tl in m.get("timelines", {}).items():
+        if tl.get("bubble_measured") is not None:  # the timed step's bubble beside its schedule's
+            lines.append(f"Timeline, {name} ({tl['model']}): the timed step ({tl['step_ms']:.1f} ms) idles "
+                         f"{percent(tl['bubble_measured'])} of devices x step against "
+                         f"{percent(tl['bubble_timed'])}, its schedule replayed with the step's own measured "
+                         f"action times; the stamped step, walked from the host, idles "
+                         f"{percent(tl['idle_fraction'])}.")
+            continue
         lines.append(f"Timeline, {name} ({tl['model']}): measured idle {percent(tl['idle_fraction'])} of devices x "
                      f"span against the schedule's bubble of {percent(tl['bubble_fraction'])}; the timed step "
                      f"{tl['step_ms']:.1f} ms.")

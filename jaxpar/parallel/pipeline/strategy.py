@@ -29,7 +29,8 @@ from jaxpar.parallel.base import Strategy
 from jaxpar.parallel.pipeline import facts, inner_cut, partition
 from jaxpar.parallel.pipeline.host.placement import Placement
 from jaxpar.parallel.pipeline.host.runtime import HostRuntime
-from jaxpar.parallel.pipeline.schedules import ScheduleError, bubble_theory, build, timed_bubble, virtual_stages
+from jaxpar.parallel.pipeline.schedules import (FIXED_VIRTUAL, ScheduleError, bubble_theory, build, timed_bubble,
+                                                virtual_stages)
 from jaxpar.parallel.pipeline.spmd.layout import PaddedStages
 from jaxpar.parallel.pipeline.spmd.runtime import SpmdRuntime
 from jaxpar.parallel.pipeline.stage_fns import StageFunctions
@@ -94,9 +95,11 @@ class PipelineStrategy(Strategy):
         try:
             virtual = virtual_stages(name, config.parallel.virtual_stages)
             if devices * virtual > len(names):
+                fix = (f"--mesh {STAGE}={len(names) // virtual}" if name in FIXED_VIRTUAL else
+                       f"--virtual-stages {max(1, len(names) // devices)}")
                 return [f"--schedule {name} with {virtual} stages per device needs {devices * virtual} layers "
-                        f"on --mesh {STAGE}={devices}, but the model has {len(names)}; use --virtual-stages "
-                        f"{max(1, len(names) // devices)} or fewer stages, or a deeper model (--depth)."]
+                        f"on --mesh {STAGE}={devices}, but the model has {len(names)}; use {fix}, or a deeper "
+                        f"model (--depth, where the model takes it)."]
             build(name, devices, cls.microbatches_of(config), virtual)
         except ScheduleError as e:
             return [str(e)]

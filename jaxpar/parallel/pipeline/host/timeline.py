@@ -84,7 +84,7 @@ def timeline(stamped_step, stamps: Stamps) -> list[dict]:
 def idle_fraction(events: list[dict], devices: int) -> float:
     """Share of devices x the span of the stage work (forwards and backwards) in which a
     device ran none of it: the measured bubble."""
-    work = [e for e in events if e["kind"] in ("F", "B", "F+B")]
+    work = [e for e in events if e["kind"] in ("F", "B", "I", "W", "F+B", "F+I")]
     span = max(e["end_ms"] for e in work) - min(e["start_ms"] for e in work)
     busy = 0.0
     for d in {e["device"] for e in work}:
@@ -100,6 +100,14 @@ def _covered(intervals: list[tuple[float, float]]) -> float:
             total += end - max(start, reach)
             reach = end
     return total
+
+
+def busy_ms(events: list[dict]) -> float:
+    """The stage work's milliseconds summed over every device (programs on one device may
+    overlap: their union)."""
+    work = [e for e in events if e["kind"] in ("F", "B", "I", "W", "F+B", "F+I")]
+    return sum(_covered(sorted((e["start_ms"], e["end_ms"]) for e in work if e["device"] == d))
+               for d in {e["device"] for e in work})
 
 
 def action_seconds(events: list[dict]) -> dict[tuple[str, int], float]:

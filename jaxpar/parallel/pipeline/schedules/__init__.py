@@ -32,7 +32,7 @@ def build(name: str, devices: int, microbatches: int, virtual: int = 0) -> Sched
     return check(GENERATORS[name](devices, microbatches, virtual_stages(name, virtual)))
 
 
-__all__ = ["BACKWARD", "FORWARD", "GENERATORS", "SCHEDULES", "VIRTUAL", "virtual_stages", "Action", "Message", "Recv", "Schedule",
+__all__ = ["BACKWARD", "FIXED_VIRTUAL", "FORWARD", "GENERATORS", "SCHEDULES", "VIRTUAL", "virtual_stages", "Action", "Message", "Recv", "Schedule",
            "ScheduleError", "Send", "build", "bubble_fraction", "bubble_theory", "check", "consumer",
            "gems_bubble_theory", "lower", "message", "needs", "op", "peak_in_flight", "rows",
            "simulate", "table", "timed_bubble"]

@@ -145,7 +145,16 @@ def timed_bubble(schedule: Schedule, seconds: dict | None = None) -> float:
     `seconds[kind]` (or `seconds[kind, stage]`; default UNIT_TIMES): the schedule's bubble
     from its own lists, for measured forward, backward, input- and weight-gradient times."""
     seconds = seconds or UNIT_TIMES
-    took = lambda a: seconds.get((a.kind, a.stage), seconds.get(a.kind))  # noqa: E731
+
+    def took(a) -> float:
+        """Its time: by (kind, stage), else by kind; a whole backward measured only in halves
+        (a stage that split it), their sum."""
+        for key in ((a.kind, a.stage), a.kind):
+            if key in seconds:
+                return seconds[key]
+        if a.kind == BACKWARD:
+            return took(a._replace(kind=INPUT)) + took(a._replace(kind=WEIGHT))
+        return 0.0  # never measured on its own (run inside another program)
     times = simulate(schedule, took)
     span = max(e for _, e in times.values()) - min(s for s, _ in times.values())
     busy = sum(e - s for s, e in times.values())
