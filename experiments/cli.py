@@ -211,3 +211,14 @@ def cluster_arguments(parser) -> None:
     parser.add_argument("--host", type=int, default=0, help="exec: which host (default: 0)")
     parser.add_argument("-n", type=int, default=DEFAULT_HOSTS, dest="ranks",
                         help=f"mpiexec: how many ranks, in equal blocks over the hosts (default: {DEFAULT_HOSTS})")
+
+
+NODE_CARRY_ACTIONS = ("prepare", "size", "install", "check")
+
+
+def node_carry_arguments(parser, carry: str) -> None:
+    """`python -m experiments.infra.node_carry`'s arguments: an action and the carried folder
+    (a lent node runs it before `python -m experiments` can: it installs what that needs)."""
+    parser.add_argument("command", choices=NODE_CARRY_ACTIONS)
+    parser.add_argument("--carry", default=carry, help=f"the carried folder (default {carry})")
+    parser.add_argument("--no-mpi", action="store_true", help="prepare: carry oneDNN alone")

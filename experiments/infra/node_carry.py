@@ -36,6 +36,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from experiments.cli import node_carry_arguments
+
 CARRY = ".node-carry"           # ignored (.gitignore); the device tool's `carry` names it
 LIMIT_BYTES = 64 * 2**20        # what one device call takes: the tree and every carried path
 MANIFEST = "MANIFEST.json"
@@ -249,9 +251,7 @@ def check() -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.infra.node_carry", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=("prepare", "size", "install", "check"))
-    parser.add_argument("--carry", default=CARRY, help=f"the carried folder (default {CARRY})")
-    parser.add_argument("--no-mpi", action="store_true", help="prepare: carry oneDNN alone")
+    node_carry_arguments(parser, CARRY)
     args = parser.parse_args(argv)
     carry = Path(args.carry)
     try:

@@ -91,21 +91,24 @@ def pipeline_findings(data_dir: Path) -> str:
         if of(GEMS):
             lines.append(f"GEMS moves {mb(of(GEMS)[-1]['moved_bytes'])} MB a step: each stage's gradient to the "
                          "stage's other copy.")
-    for name, tl in m.get("timelines", {}).items():
-        if tl.get("bubble_measured") is not None:  # the timed step's bubble beside its schedule's
-            lines.append(f"Timeline, {name} ({tl['model']}): the timed step ({tl['step_ms']:.1f} ms) idles "
-                         f"{percent(tl['bubble_measured'])} of devices x step against "
-                         f"{percent(tl['bubble_timed'])}, its schedule replayed with the step's own measured "
-                         f"action times; the stamped step, walked from the host, idles "
-                         f"{percent(tl['idle_fraction'])}.")
-            continue
-        lines.append(f"Timeline, {name} ({tl['model']}): measured idle {percent(tl['idle_fraction'])} of devices x "
-                     f"span against the schedule's bubble of {percent(tl['bubble_fraction'])}; the timed step "
-                     f"{tl['step_ms']:.1f} ms.")
+    lines += [_timeline_line(name, tl) for name, tl in m.get("timelines", {}).items()]
     cut = _timeline_cut(data_dir, m)
     if cut:
         lines.append(cut)
     return bullets(lines)
+
+
+def _timeline_line(name: str, tl: dict) -> str:
+    """One measured timeline: the timed step's bubble beside its schedule's replayed with the
+    step's own action times (older files: the stamped walk's idle share beside the table's)."""
+    if tl.get("bubble_measured") is not None:
+        return (f"Timeline, {name} ({tl['model']}): the timed step ({tl['step_ms']:.1f} ms) idles "
+                f"{percent(tl['bubble_measured'])} of devices x step against {percent(tl['bubble_timed'])}, "
+                f"its schedule replayed with the step's own measured action times; the stamped step, "
+                f"walked from the host, idles {percent(tl['idle_fraction'])}.")
+    return (f"Timeline, {name} ({tl['model']}): measured idle {percent(tl['idle_fraction'])} of devices x "
+            f"span against the schedule's bubble of {percent(tl['bubble_fraction'])}; the timed step "
+            f"{tl['step_ms']:.1f} ms.")
 
 
 def _timeline_cut(data_dir: Path, m: dict) -> str:

@@ -43,7 +43,7 @@ from jaxpar.parallel.mpi import common as mpi_common
 from jaxpar.parallel.pipeline import cost, facts, inner_cut
 from jaxpar.parallel.pipeline.device_program import StageCopy, after, execute, message_like
 from jaxpar.parallel.pipeline.schedules import Recv, Send, bubble_theory, build, lower, timed_bubble
-from jaxpar.parallel.pipeline.strategy import PipelineStrategy
+from jaxpar.parallel.pipeline.strategy import schedule_problems
 from jaxpar.parallel.pipeline.stage_fns import StageFunctions
 from jaxpar.profiling import measure
 from jaxpar.runtime import distributed
@@ -98,7 +98,7 @@ class MpiPipeline(mpi_common.OnePerRank):
         if ranks < 2:
             return [f"--strategy {cls.name} runs one stage per MPI rank; launch S >= 2 ranks "
                     "(mpiexec -n S)."]
-        return PipelineStrategy.schedule_problems(config, ranks)
+        return schedule_problems(config, ranks, config.parallel.schedule, config.parallel.microbatches)
 
     # --- set-up -----------------------------------------------------------------------------
     def init(self, model, tx, mesh):

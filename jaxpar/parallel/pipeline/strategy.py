@@ -49,6 +49,41 @@ def resolve_impl(impl: str) -> str:
     return impl
 
 
+def schedule_problems(config, devices: int, name: str, microbatches: int) -> list[str]:
+    """What keeps the schedule from running on `devices` devices (ranks): its stages per
+    device against the model's layers and --stage-boundaries, and its own rules
+    (micro-batches, `schedules.ScheduleError`)."""
+    names = partition.layer_names(config.model)
+    try:
+        virtual = virtual_stages(name, config.parallel.virtual_stages)
+        if virtual > 1 and devices * virtual > len(names):  # (one each: boundary_problems says)
+            fix = (f"--mesh {STAGE}={len(names) // virtual}" if name in FIXED_VIRTUAL else
+                   f"--virtual-stages {max(1, len(names) // devices)}")
+            return [f"--schedule {name} with {virtual} stages per device needs {devices * virtual} layers "
+                    f"on --mesh {STAGE}={devices}, but the model has {len(names)}; use {fix}, or a deeper "
+                    f"model (--depth, where the model takes it)."]
+        build(name, devices, microbatches, virtual)
+    except ScheduleError as e:
+        return [str(e)]
+    return partition.boundary_problems(config.parallel.stage_boundaries, names, devices * virtual)
+
+
+def runtime_problems(config, devices: int, name: str, microbatches: int, runtime: str) -> list[str]:
+    """The SPMD program runs one stage per device (GEMS: a copy of each replica) with whole
+    backwards: other schedules run on the host-driven runtime."""
+    if runtime != "spmd":
+        return []
+    try:
+        schedule = build(name, devices, microbatches, config.parallel.virtual_stages)
+    except ScheduleError:
+        return []  # said by schedule_problems
+    if not schedule.splits_backward and schedule.stages_per_device == schedule.replicas:
+        return []
+    return [f"--schedule {name} (its backward split in two, or several stages per device) runs on "
+            f"the host-driven runtime: pass --pipeline-impl mpmd (the SPMD program runs one stage per "
+            f"device with whole backwards: gpipe, 1f1b)."]
+
+
 class PipelineStrategy(Strategy):
     """Base of `pipeline`, `gems`, `layer-split` and `hybrid`: stages over STAGE, a schedule,
     a runtime. Subclasses say their schedule, micro-batches and replica copies."""
@@ -80,40 +115,13 @@ class PipelineStrategy(Strategy):
         if devices < 2:
             problems.append(f"--strategy {cls.name} needs --mesh {STAGE}=S with S >= 2 stages.")
         else:
-            problems += cls.schedule_problems(config, devices) + cls.runtime_problems(config, devices)
+            name, m = cls.schedule_of(config), cls.microbatches_of(config)
+            problems += (schedule_problems(config, devices, name, m)
+                         + runtime_problems(config, devices, name, m, cls.runtime_kind(config)))
         if batch % (shards * m):
             problems.append(f"--microbatches {m} must divide the --batch-size {batch} rows of each "
                             f"of the {shards} data shard(s); make --batch-size a multiple of {shards * m}.")
         return problems
-
-    @classmethod
-    def schedule_problems(cls, config, devices: int) -> list[str]:
-        """What keeps the schedule from running on `devices` devices (ranks): its stages per
-        device against the model's layers and --stage-boundaries, and its own rules
-        (micro-batches, `schedules.ScheduleError`)."""
-        name, names = cls.schedule_of(config), partition.layer_names(config.model)
-        try:
-            virtual = virtual_stages(name, config.parallel.virtual_stages)
-            if devices * virtual > len(names):
-                fix = (f"--mesh {STAGE}={len(names) // virtual}" if name in FIXED_VIRTUAL else
-                       f"--virtual-stages {max(1, len(names) // devices)}")
-                return [f"--schedule {name} with {virtual} stages per device needs {devices * virtual} layers "
-                        f"on --mesh {STAGE}={devices}, but the model has {len(names)}; use {fix}, or a deeper "
-                        f"model (--depth, where the model takes it)."]
-            build(name, devices, cls.microbatches_of(config), virtual)
-        except ScheduleError as e:
-            return [str(e)]
-        return partition.boundary_problems(config.parallel.stage_boundaries, names, devices * virtual)
-
-    @classmethod
-    def runtime_problems(cls, config, devices: int) -> list[str]:
-        """The SPMD program runs one stage per device (GEMS: a copy of each replica) with whole
-        backwards: other schedules run on the host-driven runtime."""
-        name = cls.schedule_of(config)
-        if cls.runtime_kind(config) != "spmd" or name in ("gpipe", "1f1b", "gems"):
-            return []
-        return [f"--schedule {name} (its backward split in two, or several stages per device) runs on "
-                f"the host-driven runtime: pass --pipeline-impl mpmd (the SPMD program runs gpipe and 1f1b)."]
 
     # --- what subclasses choose ----------------------------------------------------------------
     @classmethod

@@ -17,7 +17,7 @@ import zipfile
 import pytest
 
 from conftest import ROOT
-from experiments import node_carry
+from experiments.infra import node_carry
 
 
 def node_carry_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -15,14 +15,18 @@ def test_quick_study_measures_points_and_matches_theory(tmp_path):
     assert result["config"]["stages"] == 2 and "cpu_cores" in result["env"]
     rows, S = result["metrics"]["rows"], result["metrics"]["stages"]
     for r in rows:  # fill-drain and 1F1B idle the same share of slots: GPipe's formula
-        if r["schedule"] != "gems":
+        if r["schedule"] in ("gpipe", "1f1b"):
             assert abs(r["bubble"] - (S - 1) / (r["M"] + S - 1)) < 1e-12, r
+    for name in ("interleaved-1f1b", "zb-h1", "zbv"):  # every schedule, from its own lists
+        top = max(r["M"] for r in rows if r["schedule"] == name)
+        assert 0 < {(r["schedule"], r["M"]): r for r in rows}[name, top]["bubble"] < (S - 1) / (top + S - 1)
     by = {(r["schedule"], r["M"]): r for r in rows}
     for r in rows:  # two replicas in opposite directions fill each other's bubble
         if r["schedule"] == "gems":
             assert r["bubble"] < by["gpipe", r["M"]]["bubble"] and r["peak_in_flight"] <= S, r
     measured = [r for r in rows if r["images_per_sec"] is not None]
-    assert {r["schedule"] for r in measured} == {"gpipe", "1f1b", "gems"}
+    assert {r["schedule"] for r in measured} == {"gpipe", "1f1b", "gems", "interleaved-1f1b", "looped-bfs",
+                                                 "zb-h1", "zbv", "dualpipev"}
     top_m = max(r["M"] for r in measured)
     assert by["gems", top_m]["state_bytes"] > by["1f1b", top_m]["state_bytes"]  # two stages a device
     for r in measured:
@@ -39,13 +43,21 @@ def test_quick_study_measures_points_and_matches_theory(tmp_path):
     # the measured timelines: every micro-batch's forward and backward on each stage, stamped
     # by the devices (start before end), and an idle share beside the schedule's bubble
     timelines = result["metrics"]["timelines"]
-    assert set(timelines) == {"gpipe", "1f1b", "gems"}
-    for name, tl in timelines.items():
-        work = [e for e in tl["events"] if e["kind"] in ("F", "B", "F+B")]
-        M = result["config"]["timeline_microbatches"]
-        assert sorted(e["microbatch"] for e in work if e["stage"] == S - 1) == list(range(M)), name
-        assert all(0 <= e["start_ms"] <= e["end_ms"] for e in work), name
-        assert 0 <= tl["idle_fraction"] < 1 and tl["bubble_fraction"] == by[name, M]["bubble"], name
+    (M,) = result["config"]["timeline_microbatches"]
+    assert set(timelines) == {f"{name}, M={M}" for name in ("gpipe", "1f1b", "gems", "interleaved-1f1b",
+                                                            "looped-bfs", "zb-h1", "zbv", "dualpipev")}
+    for key, tl in timelines.items():
+        name = key.split(",")[0]
+        work = [e for e in tl["events"] if e["kind"] in ("F", "B", "F+B", "I", "W", "F+I")]
+        last = max(e["stage"] for e in work)
+        assert sorted(e["microbatch"] for e in work if e["stage"] == last and e["kind"][0] == "F") == list(range(M)), key
+        assert all(0 <= e["start_ms"] <= e["end_ms"] for e in work), key
+        assert 0 <= tl["idle_fraction"] < 1, key
+        assert 0 <= tl["bubble_timed"] < 1 and tl["bubble_measured"] < 1, key  # the timed step's beside its theory
+        if name in ("gpipe", "1f1b", "gems"):
+            assert tl["bubble_fraction"] == by[name, M]["bubble"], key
+        if name in ("zb-h1", "zbv"):  # the split backward: its input and weight gradients stamped apart
+            assert {"I", "W"} <= {e["kind"] for e in work}, key
 
     # Resumed: the points are read back, not measured again.
     assert run(["pipeline", "--quick", "--out", str(out)]) == 0
