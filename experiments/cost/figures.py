@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.cost import check as cost_check
-from experiments.cost import predict as predictlib
+from experiments.cost import pricing
 from experiments.publish.plotting import legend_below, plain_log_axis, pyplot, save, strategy_style
 
 # The extrapolation (docs/studies/cost.md names its assumptions).
@@ -61,7 +61,7 @@ def _axes(strategy: str, n: int, layers: int) -> tuple[str, dict]:
         t = min(n, TENSOR_WITHIN)
         return f"data={n // t},tensor={t}", {}
     if strategy == "pipeline":
-        axes, _ = predictlib.mesh_axes(strategy, n, "", layers)
+        axes, _ = pricing.mesh_axes(strategy, n, "", layers)
         s = axes.get("stage", n)
         return "", {"microbatches": 2 * s}
     return "", {}
@@ -69,18 +69,18 @@ def _axes(strategy: str, n: int, layers: int) -> tuple[str, dict]:
 
 def scaling_series(profile: dict, key: str, device: str, link: str, counts) -> dict:
     """{strategy: [(devices, images/s, fits in the device's memory), ...]} under weak scaling."""
-    compute = predictlib.compute_source(profile, device)(key)
+    compute = pricing.compute_source(profile, device)(key)
     series = {}
     for name in ("single", *SCALED):
         points = []
         for n in counts if name != "single" else (1,):
             mesh, options = _axes(name, n, len(compute.layers))
             try:
-                pred = predictlib.predict_one(profile, key, name, n, PER_DEVICE_BATCH * n, device, link,
+                pred = pricing.predict_one(profile, key, name, n, PER_DEVICE_BATCH * n, device, link,
                                               None, mesh, **options)
             except Exception:  # noqa: BLE001  a mesh the model cannot take: no point
                 continue
-            mem = predictlib.machine(profile, device, link, None).memory_bytes
+            mem = pricing.machine(profile, device, link, None).memory_bytes
             points.append((n, pred.images_per_s, mem is None or pred.memory_bytes <= mem))
         series[name] = points
     return series
@@ -104,11 +104,11 @@ def scaling_extrapolated(loaded: dict, out: Path) -> Path:
     fig, axes = plt.subplots(2, 2, figsize=(11, 8.2))
     style = strategy_style(["single", *SCALED])
     measured, scale = _measured_weak(_data_dir(loaded), SEEDS_CNN)
-    profile = predictlib.load_profile(str(loaded["files"][0]))
+    profile = pricing.load_profile(str(loaded["files"][0]))
     for row, key in enumerate((SEEDS_CNN, WIDE)):
         series = scaling_series(profile, key, DEVICE, LINK, COUNTS)
         base = series["single"][0][1]
-        local = scaling_series(profile, key, predictlib.PROFILED, "measured", LOCAL_COUNTS) if key == SEEDS_CNN else {}
+        local = scaling_series(profile, key, pricing.PROFILED, "measured", LOCAL_COUNTS) if key == SEEDS_CNN else {}
         for name, points in series.items():
             st = style[name]
             for col, value in enumerate((lambda n, ips: ips, lambda n, ips: ips / (n * base))):

@@ -1,8 +1,9 @@
-"""`predict` and `plan`: the cost model (`jaxpar.cost`) carried to machines this one cannot hold.
+"""The cost model (`jaxpar.cost`) on a machine: a strategy's predicted step for a model, a mesh
+and a batch (`predict_one`), and every configuration that can place a model ranked
+(`plan_rows`); what `predict` and `plan` print, the check and the figures price.
 
-    python -m experiments predict --model cnn --strategy pipeline --devices 64 --link 10gbit
-    python -m experiments plan --model stack-mlp --depth 16 --width 8192 --devices 64 \\
-        --memory 80GB --link nvlink
+    pred = predict_one(load_profile(DEFAULT_PROFILE), "cnn", "pipeline", 64, 128, "h100", "10gbit")
+    rows = plan_rows(profile, "cnn", 2, 128, PROFILED, "measured", None)
 
 The machine: `--device profiled` is the device `--profile` measured (this machine's CPU by
 default; figures/data/cost-h100/profile.json is a measured H100): the profiled models' measured
@@ -18,16 +19,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.options import option
 from jaxpar import cost
 from jaxpar import mesh as meshlib
 from jaxpar.config import DataConfig, ModelConfig, ParallelConfig, TrainConfig
 from jaxpar.cost import Problem
 from jaxpar.errors import ConfigError
 from jaxpar.parallel import STRATEGIES
+from jaxpar.parallel.pipeline.schedules import SCHEDULES, ScheduleError
 from jaxpar.profiling import machine as profiling
 
 DEFAULT_PROFILE = "figures/data/cost/profile.json"   # the committed profile of this machine
@@ -96,7 +96,7 @@ def machine(profile: dict, device: str, link: str, memory: float | None, ranks: 
             raise ConfigError(f"--link measured: this profile measured no collectives (one "
                               f"{profile['env'].get('backend', '?')} device); pick an assumed link: "
                               f"{', '.join(cost.LINKS)}")
-        return cost.simulated(profile, compute)
+        return cost.simulated(profile, compute, fixed_hidden=True)
     if link == "measured":
         raise ConfigError(f"--link measured is this machine's simulated devices; with --device {device} "
                           f"pick an assumed link: {', '.join(cost.LINKS)}")
@@ -138,33 +138,73 @@ def mesh_axes(strategy: str, devices: int, mesh: str = "", layers: int = 0) -> t
     return cls.mesh_axes(mesh, devices), ""
 
 
+def on_this_machine(profile: dict, device: str, link: str) -> bool:
+    """The profiled CPU's own devices and processes (its terms and intervals apply)."""
+    return device == PROFILED and link == "measured" and profile["env"].get("backend", "cpu") == "cpu"
+
+
+def processes_machine(profile: dict, strategy: str, fitted=None) -> cost.Machine:
+    """One pinned single-threaded process per device on this machine: MPI ranks for the MPI
+    strategies, jax.distributed processes for the others; with `fitted` terms, the host's
+    time a pinned process pays per step (`terms.Terms.host_s`)."""
+    compute = compute_source(profile)
+    m = (cost.mpi_ranks if STRATEGIES[strategy].uses_mpi else cost.distributed_ranks)(profile, compute)
+    return dataclasses.replace(m, step_host_s=fitted.host_s if fitted else 0.0)
+
+
 def predict_one(profile, key, strategy, devices, batch, device=PROFILED, link="measured", memory=None,
-                mesh="", **options) -> cost.Prediction:
-    m = machine(profile, device, link, memory, ranks=STRATEGIES[strategy].uses_mpi and link == "measured")
+                mesh="", processes: bool = False, fitted=None, validated: bool = False, **options) -> cost.Prediction:
+    """`strategy`'s predicted step for model `key` on `devices` (or, `processes`, as many
+    single-threaded processes: MPI's or jax.distributed's) of `device` over `link`; on this
+    machine with `fitted` terms (`terms.Terms`) its formulation's measured factor and a
+    pinned process's host time. `validated`: the caller has asked `refused` already."""
+    cls = STRATEGIES[strategy]
+    local = on_this_machine(profile, device, link)
+    ranks = (cls.uses_mpi and link == "measured") or (processes and local and strategy != "single")
+    m = processes_machine(profile, strategy, fitted) if ranks and local else machine(profile, device, link, memory,
+                                                                                    ranks=ranks)
     compute = m.compute(key, False)
     axes, note = mesh_axes(strategy, devices, mesh, len(compute.layers))
-    if not note:  # the strategy's own mesh: what it would refuse to run, it is not priced
+    if not note and not validated:  # the strategy's own mesh: what it would refuse to run, it is not priced
         refused(strategy, model_config(key), axes, batch, mesh, options)
     # pipelines run as `--pipeline-impl auto` runs them: one program per stage on a CPU
     on_cpu = device == PROFILED and profile["env"].get("backend", "cpu") == "cpu"
     options = {"implementation": "mpmd" if on_cpu else "spmd", **options}
+    if ranks and local and not cls.uses_mpi:   # stages part a layer, the CNN split permutes
+        options = {"cut_inside": True, "collective_form": "permute" if key == "cnn" else "native", **options}
     if on_cpu and link == "measured":
         m, one_thread = for_stages(m, profile, strategy, key, options["implementation"], False)
         compute = m.compute(key, one_thread)
-    work = STRATEGIES[strategy].cost(problem(key, strategy, axes, batch, compute, **options))
+    work = cls.cost(problem(key, strategy, axes, batch, compute, **options))
     pred = cost.predict(work, m, batch, max(1, cost_devices(axes)))
+    factor = fitted.factor(strategy, ranks) if fitted and local else 1.0
+    if factor != 1.0:
+        pred = dataclasses.replace(pred, compute_s=pred.compute_s * factor, comm_s=pred.comm_s * factor,
+                                   bubble_s=pred.bubble_s * factor,
+                                   notes=pred.notes + (f"x{factor:.2f}: {strategy}'s measured cost over "
+                                                       f"{fitted.twin(strategy, ranks)}'s on this machine",))
     return dataclasses.replace(pred, notes=pred.notes + ((note,) if note else ()))
 
 
 def refused(strategy: str, model: ModelConfig, axes: dict, batch: int, mesh: str, options: dict) -> None:
     """ConfigError with the strategy's own reasons when it cannot place `model` on `axes`."""
-    cls = STRATEGIES[strategy]
-    cls.check_model(model)
-    config = TrainConfig(data=DataConfig(batch_size=batch), model=model,
-                         parallel=ParallelConfig(strategy=strategy, mesh=mesh, **options))
-    problems = cls.check(config, axes)
+    problems = _refusal_reasons(strategy, model, tuple(sorted(axes.items())), batch, mesh, tuple(sorted(options.items())))
     if problems:
-        raise ConfigError(" ".join(problems))
+        raise ConfigError(problems)
+
+
+@functools.lru_cache(maxsize=1024)
+def _refusal_reasons(strategy: str, model: ModelConfig, axes: tuple, batch: int, mesh: str, options: tuple) -> str:
+    """`refused`'s reasons, once per question (a strategy's check builds the model's shapes:
+    `plan` asks the same of every group of the check)."""
+    cls = STRATEGIES[strategy]
+    try:
+        cls.check_model(model)
+    except ConfigError as e:
+        return str(e)
+    config = TrainConfig(data=DataConfig(batch_size=batch), model=model,
+                         parallel=ParallelConfig(strategy=strategy, mesh=mesh, **dict(options)))
+    return " ".join(cls.check(config, dict(axes)))
 
 
 def cost_devices(axes: dict) -> int:
@@ -187,37 +227,6 @@ def model_key_of(model: str, depth: int | None, width: int | None) -> str:
     return profiling.model_key(ModelConfig(model, depth=depth, width=width))
 
 
-@dataclass(frozen=True)
-class PredictOptions:
-    model: str = option("cnn", "model (as train's --model)")
-    depth: int = option(0, "depth, where the model takes it (0: its default)")
-    width: int = option(0, "width, where the model takes it (0: its default)")
-    strategy: str = option("single", "strategy (as train's --strategy)")
-    devices: int = option(1, "devices (ranks for the MPI strategies)")
-    mesh: str = option("", "axis sizes, as train's --mesh (default: the strategy's)")
-    batch_size: int = option(128, "global batch")
-    microbatches: int = option(4, "pipeline micro-batches")
-    schedule: str = option("gpipe", "pipeline schedule: gpipe | 1f1b")
-    device: str = option(PROFILED, "profiled (the device --profile measured: this machine's CPU by "
-                                   "default) | h100 (assumed)")
-    link: str = option("measured", "measured (this machine's simulated devices) | 10gbit | 100gbit | nvlink")
-    memory: str = option("", "memory per device, e.g. 16GB (default: the device's)")
-    profile: str = option(DEFAULT_PROFILE, "the machine profile (`python -m experiments profile`)")
-
-
-@dataclass(frozen=True)
-class PlanOptions(PredictOptions):
-    devices: int = option(8, "devices to plan for")
-
-
-def _check(args) -> tuple[dict, str]:
-    if args.strategy not in STRATEGIES:
-        raise ConfigError(f"--strategy {args.strategy}: choose one of {', '.join(STRATEGIES)}")
-    if args.device not in DEVICE_CHOICES or args.link not in LINK_CHOICES:
-        raise ConfigError(f"--device one of {', '.join(DEVICE_CHOICES)}; --link one of {', '.join(LINK_CHOICES)}")
-    return load_profile(args.profile), model_key_of(args.model, args.depth or None, args.width or None)
-
-
 def describe(pred: cost.Prediction, memory: float | None) -> str:
     fits = "" if memory is None else ("  fits" if pred.memory_bytes <= memory else "  DOES NOT FIT")
     return (f"step {1000 * pred.total_s:.2f} ms = compute {1000 * pred.compute_s:.2f} + communication "
@@ -234,36 +243,53 @@ def device_name(profile: dict, device: str) -> str:
     return f"{env.get('device_kind') or env.get('backend', '?')} (profiled)"
 
 
-def predict_command(args: PredictOptions) -> cost.Prediction:
-    """`python -m experiments predict`: one strategy's predicted step, printed."""
-    profile, key = _check(args)
-    memory = parse_bytes(args.memory) if args.memory else None
-    pred = predict_one(profile, key, args.strategy, args.devices, args.batch_size, args.device,
-                       args.link, memory, args.mesh, microbatches=args.microbatches, schedule=args.schedule)
-    print(f"{key} / {args.strategy} on {args.devices} x {device_name(profile, args.device)} over {args.link}, "
-          f"batch {args.batch_size}")
-    print("  " + describe(pred, memory))
-    for note in pred.notes:
-        print(f"  ({note})")
-    return pred
+PLAN_MICROBATCHES = (1, 2, 4, 8, 16)   # the micro-batches plan weighs for a pipeline
 
 
-def plan_rows(profile, key, devices, batch, device, link, memory, **options) -> list[dict]:
-    """Every strategy and mesh shape that can place `key` on `devices`, fastest first, those
-    that do not fit in `memory` (per device) marked."""
+def pipeline_choices(cls, devices: int, batch: int) -> list[dict]:
+    """The micro-batches and schedules `plan` weighs for `cls` ({} for a strategy that takes
+    neither): every M of PLAN_MICROBATCHES that divides the batch, under every schedule it
+    runs (hybrid: the two that one replica of a stage group runs; gems its own)."""
+    takes = set(cls.options)
+    if "microbatches" not in takes:
+        return [{}]
+    schedules = (SCHEDULES if cls.name != "hybrid" else ("gpipe", "1f1b")) if "schedule" in takes else (None,)
+    return [{"microbatches": m, **({"schedule": s} if s else {})}
+            for m in PLAN_MICROBATCHES if batch % m == 0 for s in schedules]
+
+
+def plan_rows(profile, key, devices, batch, device, link, memory, processes: bool = False, fitted=None,
+              **options) -> list[dict]:
+    """Every strategy, mesh shape and (for a pipeline) micro-batches and schedule that can place
+    `key` on `devices` (or that many single-threaded `processes` on this machine: MPI ranks
+    and jax.distributed processes, beside `single` in one process), fastest first, those that
+    do not fit in `memory` (per device) marked. `options` fixes micro-batches or a schedule."""
     rows = []
     for name, cls in STRATEGIES.items():
         if cls.models is not None and model_config(key).model not in cls.models:
             continue
+        if processes and not (cls.multiprocess or cls.uses_mpi or name == "single"):
+            continue
         for spec in mesh_choices(cls, devices):
-            try:
-                pred = predict_one(profile, key, name, devices if cls.axes or cls.uses_mpi else 1, batch, device, link,
-                                   memory, spec, **options)
-            except (ConfigError, meshlib.MeshError, NotImplementedError, ZeroDivisionError, ValueError):
+            n = devices if cls.axes or cls.uses_mpi else 1
+            try:   # the mesh asked once; each schedule's own checks come with its replay (ScheduleError)
+                axes, note = mesh_axes(name, n, spec, len(compute_source(profile)(key).layers))
+                if note:   # a placement the strategy does not run itself (`hybrid`'s, which plan weighs)
+                    continue
+                refused(name, model_config(key), axes, batch, spec, {})
+            except (ConfigError, meshlib.MeshError, ValueError):
                 continue
-            mem = memory or machine(profile, device, link, None).memory_bytes
-            rows.append({"strategy": name, "mesh": spec or "default", "prediction": pred,
-                         "fits": mem is None or pred.memory_bytes <= mem})
+            for choice in pipeline_choices(cls, devices, batch):
+                fixed = {**choice, **{k: v for k, v in options.items() if k in choice}}
+                try:
+                    pred = predict_one(profile, key, name, n, batch, device, link, memory, spec, processes=processes,
+                                       fitted=fitted, validated=True, **fixed)
+                except (ConfigError, meshlib.MeshError, NotImplementedError, ZeroDivisionError, ValueError,
+                        ScheduleError, KeyError):  # KeyError: more stages than the model has layers
+                    continue
+                mem = memory or machine(profile, device, link, None).memory_bytes
+                rows.append({"strategy": name, "mesh": spec or "default", "prediction": pred, **fixed,
+                             "fits": mem is None or pred.memory_bytes <= mem})
     return sorted(rows, key=lambda r: (not r["fits"], r["prediction"].total_s))
 
 
@@ -278,19 +304,3 @@ def mesh_choices(cls, devices: int) -> list[str]:
             if a * b * c == devices and (len(cls.axes) == 3 or c == 1):
                 out.append(",".join(f"{ax}={n}" for ax, n in zip(cls.axes, (a, b, c))))
     return out
-
-
-def plan_command(args: PlanOptions) -> list[dict]:
-    """`python -m experiments plan`: every strategy and mesh, fastest first, printed."""
-    profile, key = _check(args)
-    memory = parse_bytes(args.memory) if args.memory else None
-    rows = plan_rows(profile, key, args.devices, args.batch_size, args.device, args.link, memory,
-                     microbatches=args.microbatches, schedule=args.schedule)
-    print(f"{key} on {args.devices} x {device_name(profile, args.device)} over {args.link}, batch {args.batch_size}, "
-          f"memory/device {args.memory or 'the device''s'}: fastest first")
-    for r in rows:
-        p = r["prediction"]
-        print(f"  {'  ' if r['fits'] else 'NO'} {r['strategy']:<17} {r['mesh']:<26} {1000 * p.total_s:10.2f} ms "
-              f"{p.images_per_s:12,.0f} img/s  {p.memory_bytes / 1e9:9.3f} GB"
-              + ("" if r["fits"] else "  does not fit"))
-    return rows
