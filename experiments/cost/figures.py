@@ -1,6 +1,8 @@
 """The cost model's figures, drawn from the committed profile and results alone:
 
 - cost_predicted.png: every covered committed point's predicted against measured ms/step;
+- cost_ranking.png: in every sitting, each configuration's predicted rank against its measured
+  rank, and each sitting's Kendall's tau;
 - cost_scaling.png: predicted images/s and scaling efficiency from 1 to 1,024 devices for
   each strategy, on the seeds' CNN and on a stack-mlp too wide for one device (assumed H100s
   over an assumed link), with this machine's predicted and measured points on the same axes.
@@ -13,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.cost import check as cost_check
+from experiments.cost import ranking
 from experiments.cost import pricing
 from experiments.publish.plotting import legend_below, plain_log_axis, pyplot, save, strategy_style
 
@@ -53,6 +56,40 @@ def predicted_vs_measured(loaded: dict, out: Path) -> Path:
     handles, labels = ax.get_legend_handles_labels()
     legend_below(fig, handles, labels, ncol=4, y=0.02)
     return save(fig, out / "cost_predicted.png")
+
+
+def ranking_figure(loaded: dict, out: Path) -> Path:
+    """Left: every ranked configuration's predicted rank against its measured rank in its
+    sitting (0 fastest, 1 slowest); right: each sitting's Kendall's tau, by study."""
+    groups = ranking.ranked_groups(cost_check.check_rows(_data_dir(loaded)))
+    studies = list(dict.fromkeys(g["study"] for g in groups))
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5.0), gridspec_kw={"width_ratios": [1, 1.2]})
+    for i, g in enumerate(groups):
+        predicted = ranking.ranks_of([p for _, p, _ in g["points"]])
+        measured = ranking.ranks_of([m for _, _, m in g["points"]])
+        jitter = [0.012 * ((i * 7 + k * 3) % 5 - 2) for k in range(len(predicted))]
+        left.scatter([m + j for m, j in zip(measured, jitter)], predicted, s=14, alpha=0.6,
+                     color=f"C{studies.index(g['study'])}")
+    left.plot([0, 1], [0, 1], color="k", lw=0.8)
+    left.set(xlabel="measured rank in its sitting (0 fastest)", ylabel="predicted rank (anchored)",
+             xlim=(-0.05, 1.05), ylim=(-0.05, 1.05))
+    left.set_title("each configuration, in its sitting", fontsize=10)
+    for k, study in enumerate(studies):
+        taus = [g["tau"] for g in groups if g["study"] == study and g["tau"] is not None]
+        right.scatter(taus, [k] * len(taus), color=f"C{k}", s=26, label=study)
+        missed = [g["tau"] for g in groups if g["study"] == study and g["tau"] is not None and not g["hit"]]
+        right.scatter(missed, [k] * len(missed), facecolors="none", edgecolors="k", s=70)
+    summary = ranking.rank_summary(groups)
+    right.axvline(summary["tau_median"], color="k", ls=":", lw=1, label=f"median {summary['tau_median']:.2f}")
+    right.set_yticks(range(len(studies)), studies, fontsize=8)
+    right.set(xlabel="Kendall's tau, predicted against measured order", xlim=(-1.05, 1.05))
+    right.set_title(f"each sitting; ringed: its pick missed ({summary['hits']} of {summary['groups']} hit)",
+                    fontsize=10)
+    right.grid(alpha=0.3, axis="x")
+    handles, labels = right.get_legend_handles_labels()
+    legend_below(fig, handles, labels, ncol=5, y=0.02)
+    return save(fig, out / "cost_ranking.png")
 
 
 def _axes(strategy: str, n: int, layers: int) -> tuple[str, dict]:
@@ -141,5 +178,5 @@ def scaling_extrapolated(loaded: dict, out: Path) -> Path:
     return save(fig, out / "cost_scaling.png")
 
 
-FIGURES = (("cost", (("cost_predicted.png", predicted_vs_measured),
+FIGURES = (("cost", (("cost_predicted.png", predicted_vs_measured), ("cost_ranking.png", ranking_figure),
                      ("cost_scaling.png", scaling_extrapolated))),)

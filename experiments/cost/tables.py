@@ -1,11 +1,14 @@
 """The cost model's tables (`python -m experiments report`): its error on every committed
-point, per study, and the hardware it assumes; from `experiments.cost.check`."""
+point, per study; how it ranks strategies in each sitting (`ranking`) and what `plan` picks
+(`plan_check`); its intervals' calibration (`uncertainty`); each study left out (`loso`); its
+misses by cause (`misses`); the hardware it assumes; from `experiments.cost.check`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from experiments.cost import check as cost_check
+from experiments.cost import loso, misses, plan_check, pricing, ranking, terms, uncertainty
 from experiments.publish.markdown import DASH, bullets, listing, markdown, percent, span
 from jaxpar import cost, results
 
@@ -102,5 +105,84 @@ def cost_findings(data_dir: Path) -> str:
     return bullets(lines)
 
 
+def _profile(data_dir: Path) -> dict:
+    return pricing.load_profile(str(Path(data_dir) / cost_check.PROFILE_UNDER_DATA))
+
+
+def _where(devices: int, ranks: float) -> str:
+    """'4 dev', '4 ranks', or '4 dev or ranks' (`ranks`: the share of the points run as processes)."""
+    return f"{devices} {'ranks' if ranks == 1 else 'dev or ranks' if ranks else 'dev'}"
+
+
+def _tau(x: float | None) -> str:
+    return DASH if x is None else f"{x:+.2f}"
+
+
+def ranking_table(data_dir: Path) -> str:
+    """Per sitting, model, devices and batch: the predicted order against the measured one."""
+    rows = []
+    for g in ranking.ranked_groups(cost_check.check_rows(data_dir)):
+        rows.append([g["sitting"], g["model"], _where(g["devices"], g["ranks"]), g["batch"], g["configurations"],
+                     f"{g['noise']:.0%}" + (" (typical)" if g["measured_once"] else ""), _tau(g["tau"]),
+                     _tau(g["tau_tied"]), _tau(g["tau_rounds"]), f"{g['pick']} ({g['pick_ms']:.1f})",
+                     f"{g['best']} ({g['best_ms']:.1f})",
+                     "yes" if g["hit"] else "**no**"])
+    return markdown(["sitting", "model", "devices", "batch", "configurations", "noise", "Kendall's tau",
+                     "tau, ties within the noise", "one round against another", "predicted fastest (measured ms)",
+                     "measured fastest (ms)",
+                     "pick within the noise"], rows)
+
+
+def _plan_rows(data_dir: Path) -> list[dict]:
+    rows = cost_check.check_rows(data_dir)
+    return plan_check.plan_validation(rows, _profile(data_dir), terms.fitted_terms(rows))
+
+
+def plan_table(data_dir: Path) -> str:
+    """Per sitting: `plan`'s pick (profile alone, with the terms) and how it ran, against the
+    measured fastest."""
+    out = []
+    for e in _plan_rows(data_dir):
+        if e["pick"] is None:
+            mine = f"({DASH}: a link `plan` does not price)"
+        elif e["pick_measured"] is None:
+            mine = f"{e['pick']} (not measured there)"
+        else:
+            mine = f"{e['pick']} ({e['pick_measured']:.1f}{'' if e['pick_hit'] else ', **miss**'})"
+        out.append([e["sitting"], e["model"], _where(e["devices"], e["processes"]), e["batch"], mine,
+                    f"{e['among']}{'' if e['among_hit'] else ' (**miss**)'}", f"{e['best']} ({e['best_ms']:.1f})"])
+    return markdown(["sitting", "model", "devices", "batch", "`plan`'s pick (measured ms)",
+                     "`plan`'s first of the measured configurations", "measured fastest (ms)"], out)
+
+
+def calibration_table(data_dir: Path) -> str:
+    """Per study: how often the measured step falls inside the nominal 80% interval."""
+    profile = _profile(data_dir)
+    return markdown(["study", "points", "the model's own spread (fitted without the study)",
+                     "inside: the profile's noise alone", "inside: every measured spread",
+                     "inside: and the model's own"],
+                    [[c["study"], c["points"], f"{c['structural']:.3f}", _pct(c.get("profile")),
+                      _pct(c.get("measured")), _pct(c.get("all"))]
+                     for c in uncertainty.calibration(cost_check.check_rows(data_dir), profile)])
+
+
+def loso_table(data_dir: Path) -> str:
+    """Per study: the anchored errors in sample, left out, and left out with no anchor of its own."""
+    cell = lambda s: f"{_pct(s['median'])} ({s['beyond_25']})"  # noqa: E731
+    return markdown(["study", "points", "in sample: median abs. error (beyond 25%)",
+                     "left out, its own `single` anchoring", "left out, no measurement of its own"],
+                    [[r["study"], r["in"]["points"], cell(r["in"]), cell(r["out"]), cell(r["blind"])]
+                     for r in loso.loso_summary(cost_check.check_rows(data_dir), _profile(data_dir)["cores"])])
+
+
+def misses_table(data_dir: Path) -> str:
+    """The points beyond 25% by cause: before the terms and now, each cause measured."""
+    return markdown(["cause", "beyond 25% before", "beyond 25% now", "measured", "what the model prices of it"],
+                    [[m["cause"], m["before"], m["now"], m["measured"], m["priced"]]
+                     for m in misses.misses_by_cause(data_dir)])
+
+
 TABLES = {"cost-findings": cost_findings, "cost-summary": cost_summary_table, "cost-points": cost_points_table,
-          "cost-assumptions": assumptions_table, "cost-h100": h100_table}
+          "cost-assumptions": assumptions_table, "cost-h100": h100_table, "cost-ranking": ranking_table,
+          "cost-plan": plan_table, "cost-calibration": calibration_table, "cost-loso": loso_table,
+          "cost-misses": misses_table}
