@@ -288,7 +288,8 @@ def fitted_seconds(fits: dict, op: str, group: int, nbytes: float) -> float:
     return scale * _interp([p[0] for p in points], [p[1] for p in points], nbytes)
 
 
-def fitted_collectives(fits: dict, send_share: float = 1.0, fixed_hidden: bool = False) -> Callable[[Collective], float]:
+def fitted_collectives(fits: dict, send_share: float = 1.0,
+                       fixed_hidden: bool = False) -> Callable[[Collective], float]:
     """A collective's seconds from a profile's fits (`fitted_seconds`), `count` times a step;
     nothing for a group of one. A `send` (one way: a host-driven pipeline's message on
     jaxpar's channels) costs `send_share` of the 2-device collective-permute the profile

@@ -60,6 +60,7 @@ def measurements(data_dir: Path, rows: list[dict]) -> dict[str, str]:
     weak = _weak_ratios(rows)
     same = _identical_work_spread(rows)
     ms = lambda x: f"{1000 * x:.2f} ms"  # noqa: E731
+    fixed = {n: pricing.cost.fitted_seconds(profile["collectives"], "all-reduce", n, 0) for n in (2, 8)}
     return {
         "formulation": "; ".join(f"{t.strategy}{' (processes)' if t.processes else ''} x{t.factor:.2f} "
                                  f"(x{min(t.ratios):.2f}-{max(t.ratios):.2f}, {len(t.ratios)} sittings)"
@@ -76,10 +77,8 @@ def measurements(data_dir: Path, rows: list[dict]) -> dict[str, str]:
             if (r.get("anchor_spread") or 0.0) > MISS),
         "more devices than cores": f"D devices at one device's batch each over D x `single`: "
                                    f"x{min(weak):.2f}-{max(weak):.2f} (weak scaling, D = 2, 4, 8)",
-        "collectives inside a step": f"a collective's fixed part (its time at zero bytes) "
-                                     f"{ms(pricing.cost.fitted_seconds(profile['collectives'], 'all-reduce', 2, 0))} on 2 "
-                                     f"devices, {ms(pricing.cost.fitted_seconds(profile['collectives'], 'all-reduce', 8, 0))}"
-                                     f" on 8, against a one-device program's dispatch "
+        "collectives inside a step": f"a collective's fixed part (its time at zero bytes) {ms(fixed[2])} on 2 "
+                                     f"devices, {ms(fixed[8])} on 8, against a one-device program's dispatch "
                                      f"{ms(profile.get('dispatch_us', 0) / 1e6)}; the 4 KB all-reduce "
                                      f"{ms(coll['2']['points'][0][1])}",
     }

@@ -29,7 +29,8 @@ def _same(plan_row: dict, point: dict, devices: int) -> bool:
     if "schedule" in cls.options and plan_row.get("schedule") != point["schedule"]:
         return False
     if len(cls.axes) > 1:
-        axes, _ = pricing.mesh_axes(plan_row["strategy"], devices, "" if plan_row["mesh"] == "default" else plan_row["mesh"])
+        mesh = "" if plan_row["mesh"] == "default" else plan_row["mesh"]
+        axes, _ = pricing.mesh_axes(plan_row["strategy"], devices, mesh)
         return _nontrivial_axes(axes) == _nontrivial_axes(point.get("mesh"))
     return True
 

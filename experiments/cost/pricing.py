@@ -188,7 +188,8 @@ def predict_one(profile, key, strategy, devices, batch, device=PROFILED, link="m
 
 def refused(strategy: str, model: ModelConfig, axes: dict, batch: int, mesh: str, options: dict) -> None:
     """ConfigError with the strategy's own reasons when it cannot place `model` on `axes`."""
-    problems = _refusal_reasons(strategy, model, tuple(sorted(axes.items())), batch, mesh, tuple(sorted(options.items())))
+    problems = _refusal_reasons(strategy, model, tuple(sorted(axes.items())), batch, mesh,
+                                tuple(sorted(options.items())))
     if problems:
         raise ConfigError(problems)
 

@@ -91,11 +91,11 @@ def cost_findings(data_dir: Path) -> str:
     said = lambda errors: listing([f"{percent(e, signed=True)} on {n}" for n, e in sorted(errors.items())])  # noqa: E731
     four = {s: _errors(rows, "scaling-ranks", "cnn", s).get(4) for s in ("dp-auto", "pipeline", "layer-split")}
     before = {s["study"]: s for s in cost_check.error_summary(cost_check.check_rows(data_dir, base=True))}["all"]
-    lines = [f"The check covers {summary['all']['covered']} of {summary['all']['points']} committed points, anchored: "
-             f"median error {_pct1(summary['all']['median'])}, {summary['all']['beyond_25']} of "
-             f"{summary['all']['covered'] - summary['all']['anchors']} beyond 25%, the largest "
-             f"{_pct1(summary['all']['max'])}; the profile alone {_pct1(summary['all']['median_profile'])}. Before the "
-             f"terms measured from the points: {_pct1(before['median'])}, {before['beyond_25']} beyond 25%, the largest "
+    now = summary["all"]
+    lines = [f"The check covers {now['covered']} of {now['points']} committed points, anchored: median error "
+             f"{_pct1(now['median'])}, {now['beyond_25']} of {now['covered'] - now['anchors']} beyond 25%, the "
+             f"largest {_pct1(now['max'])}; the profile alone {_pct1(now['median_profile'])}. Before the terms "
+             f"measured from the points: {_pct1(before['median'])}, {before['beyond_25']} beyond 25%, the largest "
              f"{_pct1(before['max'])}.",
              f"In the profile's session the every-core step of each model at each batch was "
              f"{span(threads, '.2f', 'x')} its one-thread step: XLA's second thread sometimes cost more than it bought.",
