@@ -78,7 +78,7 @@ class Fitted:
 def fitted_for(profile: dict, profile_path: str, data: str) -> Fitted:
     """The terms and spreads fitted on the results under `data` (default: the folder holding
     `profile_path` as cost/profile.json), or the profile's own noise alone where there are none."""
-    folder = Path(data) if data else Path(profile_path).resolve().parent.parent
+    folder = Path(data) if data else Path(profile_path).parent.parent
     if (folder / check.PROFILE_UNDER_DATA).is_file() and any(folder.glob(p) for _, p in check.CHECKED_STUDIES):
         rows = check.check_rows(folder)
         return Fitted(terms.fitted_terms(rows), uncertainty.sigmas(rows, profile), f"{len(rows)} points under {folder}")
