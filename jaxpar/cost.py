@@ -270,6 +270,7 @@ class Machine:
     wire_s: Callable[[Collective], float] | None = None   # of collective_s: time on a link's wire
     dispatch_s: float = 0.0    # the host's time per program it dispatches (host-driven pipelines)
     busy_wait: bool = False    # a device that waits holds its core (MPI ranks polling)
+    step_host_s: float = 0.0   # the host's time per step on each process's own core (pinned processes)
 
 
 def fitted_seconds(fits: dict, op: str, group: int, nbytes: float) -> float:
@@ -287,20 +288,34 @@ def fitted_seconds(fits: dict, op: str, group: int, nbytes: float) -> float:
     return scale * _interp([p[0] for p in points], [p[1] for p in points], nbytes)
 
 
-def fitted_collectives(fits: dict, send_share: float = 1.0) -> Callable[[Collective], float]:
+def fitted_collectives(fits: dict, send_share: float = 1.0,
+                       fixed_hidden: bool = False) -> Callable[[Collective], float]:
     """A collective's seconds from a profile's fits (`fitted_seconds`), `count` times a step;
     nothing for a group of one. A `send` (one way: a host-driven pipeline's message on
     jaxpar's channels) costs `send_share` of the 2-device collective-permute the profile
     times, a swap: on one host each side's copy runs at once with the other's, so a send
     costs what the swap costs (1); across 2 emulated hosts the swap's directions went one
-    after the other, twice the bytes' time on the link, so a send is half of it."""
+    after the other, twice the bytes' time on the link, so a send is half of it.
+    `fixed_hidden`: each priced at its bytes' part alone, less the fit's time at zero bytes
+    (`shared_pool_collectives`)."""
     def seconds(c: Collective) -> float:
         if c.group <= 1:
             return 0.0
-        if c.op == "send":
-            return c.count * send_share * fitted_seconds(fits, "collective-permute", 2, c.bytes)
-        return c.count * fitted_seconds(fits, c.op, c.group, c.bytes)
+        op, group = ("collective-permute", 2) if c.op == "send" else (c.op, c.group)
+        share = send_share if c.op == "send" else 1.0
+        fixed = max(fitted_seconds(fits, op, group, 0.0), 0.0) if fixed_hidden else 0.0
+        return c.count * share * max(fitted_seconds(fits, op, group, c.bytes) - fixed, 0.0)
     return seconds
+
+
+def shared_pool_collectives(fits: dict) -> Callable[[Collective], float]:
+    """Collectives inside the step of simulated devices that share one pool of cores: each at
+    its bytes' part of the profile's fit (copies and sums, core time), not the fixed part a
+    program of one collective pays (its time at zero bytes: the program's launch on every
+    device and their rendezvous, 60-220 us in the committed profile against 4 us for a
+    one-device program). Inside a step the devices reach a collective at different times and
+    the cores run the others' work while one waits, so that fixed part is no core time."""
+    return fitted_collectives(fits, fixed_hidden=True)
 
 
 def link_seconds(link: Link, c: Collective) -> float:
@@ -376,6 +391,8 @@ def predict(work: Work, machine: Machine, batch: int, devices: int) -> Predictio
             critical *= devices / machine.slots
         bubble = max(critical - compute, 0.0)
     compute += work.programs * machine.dispatch_s   # the host's dispatches, on the same cores
+    # each pinned process's host work, at once: a core holding several processes runs each one's
+    compute += machine.step_host_s * max(1.0, devices / machine.slots)
     return Prediction(compute, comm, bubble, work.state_bytes, work.activation_bytes, batch, devices,
                       machine.notes, wire)
 
@@ -389,9 +406,11 @@ def load_profile(path) -> dict:
     return {**d["metrics"], "env": d["env"]}
 
 
-def simulated(profile: dict, model_compute: Callable[[str, bool], Compute]) -> Machine:
-    """This machine's simulated CPU devices: one shared pool, the profile's collectives."""
-    return Machine("simulated CPU devices", model_compute, fitted_collectives(profile["collectives"]),
+def simulated(profile: dict, model_compute: Callable[[str, bool], Compute], fixed_hidden: bool = False) -> Machine:
+    """This machine's simulated CPU devices: one shared pool, the profile's collectives
+    (`fixed_hidden`: at their bytes' part, `shared_pool_collectives`)."""
+    collectives = (shared_pool_collectives if fixed_hidden else fitted_collectives)(profile["collectives"])
+    return Machine("simulated CPU devices", model_compute, collectives,
                    slots=1, memory_bytes=None,
                    notes=(f"simulated devices share {profile['cores']} cores: their work adds up",),
                    dispatch_s=profile.get("dispatch_us", 0.0) / 1e6)

@@ -1,6 +1,8 @@
 """The cost model's figures, drawn from the committed profile and results alone:
 
 - cost_predicted.png: every covered committed point's predicted against measured ms/step;
+- cost_ranking.png: in every sitting, each configuration's predicted rank against its measured
+  rank, and each sitting's Kendall's tau;
 - cost_scaling.png: predicted images/s and scaling efficiency from 1 to 1,024 devices for
   each strategy, on the seeds' CNN and on a stack-mlp too wide for one device (assumed H100s
   over an assumed link), with this machine's predicted and measured points on the same axes.
@@ -13,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.cost import check as cost_check
-from experiments.cost import predict as predictlib
+from experiments.cost import ranking
+from experiments.cost import pricing
 from experiments.publish.plotting import legend_below, plain_log_axis, pyplot, save, strategy_style
 
 # The extrapolation (docs/studies/cost.md names its assumptions).
@@ -55,13 +58,47 @@ def predicted_vs_measured(loaded: dict, out: Path) -> Path:
     return save(fig, out / "cost_predicted.png")
 
 
+def ranking_figure(loaded: dict, out: Path) -> Path:
+    """Left: every ranked configuration's predicted rank against its measured rank in its
+    sitting (0 fastest, 1 slowest); right: each sitting's Kendall's tau, by study."""
+    groups = ranking.ranked_groups(cost_check.check_rows(_data_dir(loaded)))
+    studies = list(dict.fromkeys(g["study"] for g in groups))
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5.0), gridspec_kw={"width_ratios": [1, 1.2]})
+    for i, g in enumerate(groups):
+        predicted = ranking.ranks_of([p for _, p, _ in g["points"]])
+        measured = ranking.ranks_of([m for _, _, m in g["points"]])
+        jitter = [0.012 * ((i * 7 + k * 3) % 5 - 2) for k in range(len(predicted))]
+        left.scatter([m + j for m, j in zip(measured, jitter)], predicted, s=14, alpha=0.6,
+                     color=f"C{studies.index(g['study'])}")
+    left.plot([0, 1], [0, 1], color="k", lw=0.8)
+    left.set(xlabel="measured rank in its sitting (0 fastest)", ylabel="predicted rank (anchored)",
+             xlim=(-0.05, 1.05), ylim=(-0.05, 1.05))
+    left.set_title("each configuration, in its sitting", fontsize=10)
+    for k, study in enumerate(studies):
+        taus = [g["tau"] for g in groups if g["study"] == study and g["tau"] is not None]
+        right.scatter(taus, [k] * len(taus), color=f"C{k}", s=26, label=study)
+        missed = [g["tau"] for g in groups if g["study"] == study and g["tau"] is not None and not g["hit"]]
+        right.scatter(missed, [k] * len(missed), facecolors="none", edgecolors="k", s=70)
+    summary = ranking.rank_summary(groups)
+    right.axvline(summary["tau_median"], color="k", ls=":", lw=1, label=f"median {summary['tau_median']:.2f}")
+    right.set_yticks(range(len(studies)), studies, fontsize=8)
+    right.set(xlabel="Kendall's tau, predicted against measured order", xlim=(-1.05, 1.05))
+    right.set_title(f"each sitting; ringed: its pick missed ({summary['hits']} of {summary['groups']} hit)",
+                    fontsize=10)
+    right.grid(alpha=0.3, axis="x")
+    handles, labels = right.get_legend_handles_labels()
+    legend_below(fig, handles, labels, ncol=5, y=0.02)
+    return save(fig, out / "cost_ranking.png")
+
+
 def _axes(strategy: str, n: int, layers: int) -> tuple[str, dict]:
     """The mesh the extrapolation gives `strategy` on `n` devices, as a --mesh string."""
     if strategy == "tensor":
         t = min(n, TENSOR_WITHIN)
         return f"data={n // t},tensor={t}", {}
     if strategy == "pipeline":
-        axes, _ = predictlib.mesh_axes(strategy, n, "", layers)
+        axes, _ = pricing.mesh_axes(strategy, n, "", layers)
         s = axes.get("stage", n)
         return "", {"microbatches": 2 * s}
     return "", {}
@@ -69,18 +106,18 @@ def _axes(strategy: str, n: int, layers: int) -> tuple[str, dict]:
 
 def scaling_series(profile: dict, key: str, device: str, link: str, counts) -> dict:
     """{strategy: [(devices, images/s, fits in the device's memory), ...]} under weak scaling."""
-    compute = predictlib.compute_source(profile, device)(key)
+    compute = pricing.compute_source(profile, device)(key)
     series = {}
     for name in ("single", *SCALED):
         points = []
         for n in counts if name != "single" else (1,):
             mesh, options = _axes(name, n, len(compute.layers))
             try:
-                pred = predictlib.predict_one(profile, key, name, n, PER_DEVICE_BATCH * n, device, link,
+                pred = pricing.predict_one(profile, key, name, n, PER_DEVICE_BATCH * n, device, link,
                                               None, mesh, **options)
             except Exception:  # noqa: BLE001  a mesh the model cannot take: no point
                 continue
-            mem = predictlib.machine(profile, device, link, None).memory_bytes
+            mem = pricing.machine(profile, device, link, None).memory_bytes
             points.append((n, pred.images_per_s, mem is None or pred.memory_bytes <= mem))
         series[name] = points
     return series
@@ -104,11 +141,11 @@ def scaling_extrapolated(loaded: dict, out: Path) -> Path:
     fig, axes = plt.subplots(2, 2, figsize=(11, 8.2))
     style = strategy_style(["single", *SCALED])
     measured, scale = _measured_weak(_data_dir(loaded), SEEDS_CNN)
-    profile = predictlib.load_profile(str(loaded["files"][0]))
+    profile = pricing.load_profile(str(loaded["files"][0]))
     for row, key in enumerate((SEEDS_CNN, WIDE)):
         series = scaling_series(profile, key, DEVICE, LINK, COUNTS)
         base = series["single"][0][1]
-        local = scaling_series(profile, key, predictlib.PROFILED, "measured", LOCAL_COUNTS) if key == SEEDS_CNN else {}
+        local = scaling_series(profile, key, pricing.PROFILED, "measured", LOCAL_COUNTS) if key == SEEDS_CNN else {}
         for name, points in series.items():
             st = style[name]
             for col, value in enumerate((lambda n, ips: ips, lambda n, ips: ips / (n * base))):
@@ -141,5 +178,5 @@ def scaling_extrapolated(loaded: dict, out: Path) -> Path:
     return save(fig, out / "cost_scaling.png")
 
 
-FIGURES = (("cost", (("cost_predicted.png", predicted_vs_measured),
+FIGURES = (("cost", (("cost_predicted.png", predicted_vs_measured), ("cost_ranking.png", ranking_figure),
                      ("cost_scaling.png", scaling_extrapolated))),)

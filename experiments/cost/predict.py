@@ -1,6 +1,9 @@
-"""`predict` and `plan`: the cost model (`jaxpar.cost`) carried to machines this one cannot hold.
+"""`predict` and `plan`: the cost model (`jaxpar.cost`) carried to machines this one cannot hold,
+each prediction with how sure it is.
 
     python -m experiments predict --model cnn --strategy pipeline --devices 64 --link 10gbit
+    python -m experiments plan --model cnn --devices 2          # this machine's simulated devices
+    python -m experiments plan --model cnn --ranks 2            # 2 single-threaded processes
     python -m experiments plan --model stack-mlp --depth 16 --width 8192 --devices 64 \\
         --memory 80GB --link nvlink
 
@@ -11,180 +14,24 @@ if each device had the machine to itself; `--device h100` is an assumed H100
 (jaxpar.cost.DEVICES), computing each layer kind at the fraction of its peak the profiled
 machine reaches of its own matmul peak. `--link measured` prices collectives as the profile's
 simulated devices measured them; 10gbit, 100gbit, nvlink are assumed links (jaxpar.cost.LINKS).
+
+On this machine (`--device profiled --link measured`) a prediction takes the terms measured
+from the committed points (`terms`: the formulations' cost, a pinned process's host time) and
+carries an 80% interval (`uncertainty`), both fitted on the results under `--data`; `plan`
+calls a choice a tie where the pick's interval and another's overlap, and names both.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.cost import check, plan_bench, pricing, terms, uncertainty
+from experiments.cost.pricing import DEFAULT_PROFILE, DEVICE_CHOICES, LINK_CHOICES, PROFILED
 from experiments.options import option
 from jaxpar import cost
-from jaxpar import mesh as meshlib
-from jaxpar.config import DataConfig, ModelConfig, ParallelConfig, TrainConfig
-from jaxpar.cost import Problem
 from jaxpar.errors import ConfigError
 from jaxpar.parallel import STRATEGIES
-from jaxpar.profiling import machine as profiling
-
-DEFAULT_PROFILE = "figures/data/cost/profile.json"   # the committed profile of this machine
-LINK_CHOICES = ("measured", *cost.LINKS)
-PROFILED = "profiled"   # the device the profile measured
-DEVICE_CHOICES = (PROFILED, *cost.DEVICES)
-MPI_AXIS = {"mpi-allreduce": "data", "mpi-param-server": "data", "mpi-pipeline": "stage"}
-
-
-@functools.lru_cache(maxsize=4)
-def load_profile(path: str) -> dict:
-    if not Path(path).is_file():
-        raise ConfigError(f"no profile at {path}; `python -m experiments profile --out {Path(path).parent}` writes it")
-    return cost.load_profile(path)
-
-
-_SOURCES: dict = {}
-
-
-def compute_source(profile: dict, device: str = PROFILED):
-    """(model key, one thread?) -> Compute: measured for profiled models on the profile's
-    device, else from the layers' FLOPs at an achieved rate per layer kind. One per profile
-    (`load_profile` keeps one dict per file) and device, so its models are built once."""
-    if (id(profile), device) not in _SOURCES:
-        _SOURCES[(id(profile), device)] = _compute_source(profile, device)
-    return _SOURCES[(id(profile), device)]
-
-
-def _compute_source(profile: dict, device: str):
-    models, kinds, peak = profile["models"], profile["kinds"], profile["matmul_peak_gflops"]
-    biggest = max(models.values(), key=lambda e: sum(l["param_bytes"] for l in e["layers"]))
-    # The update reads and writes parameters, gradients and Adam moments: 7 passes.
-    cpu_bandwidth = 7 * sum(l["param_bytes"] for l in biggest["layers"]) / (biggest["update_ms"] / 1000)
-
-    @functools.lru_cache(maxsize=64)
-    def compute(key: str, one_thread: bool = False) -> cost.Compute:
-        leaves = profiling.param_leaf_bytes(model_config(key))
-        if device == PROFILED and key in models:
-            return cost.profiled_compute(models[key], key, one_thread, leaves)
-        layers = profiling.abstract_layers(model_config(key))
-        if device == PROFILED:
-            return cost.flops_compute(key, layers, kinds, cpu_bandwidth, "FLOPs at the profile's achieved rates",
-                                      leaves)
-        d = cost.DEVICES[device]
-        rates = {k: r / peak * d.peak_gflops for k, r in kinds.items()}
-        return cost.flops_compute(key, layers, rates, d.memory_bytes_per_s,
-                                  f"FLOPs at {d.name}'s peak x this CPU's achieved fraction per layer kind", leaves,
-                                  d.layer_overhead_s)
-
-    return compute
-
-
-def model_config(key: str) -> ModelConfig:
-    """Inverse of `profiling.model_key`: 'stack-mlp-d8-w256' -> ModelConfig."""
-    m = re.fullmatch(r"(.+?)(?:-d(\d+))?(?:-w(\d+))?", key)
-    name, depth, width = m.group(1), m.group(2), m.group(3)
-    return ModelConfig(name, depth=int(depth) if depth else None, width=int(width) if width else None)
-
-
-def machine(profile: dict, device: str, link: str, memory: float | None, ranks: bool = False) -> cost.Machine:
-    compute = compute_source(profile, device)
-    if ranks:
-        return cost.mpi_ranks(profile, compute)
-    if device == PROFILED and link == "measured":
-        if not profile["collectives"]:
-            raise ConfigError(f"--link measured: this profile measured no collectives (one "
-                              f"{profile['env'].get('backend', '?')} device); pick an assumed link: "
-                              f"{', '.join(cost.LINKS)}")
-        return cost.simulated(profile, compute)
-    if link == "measured":
-        raise ConfigError(f"--link measured is this machine's simulated devices; with --device {device} "
-                          f"pick an assumed link: {', '.join(cost.LINKS)}")
-    mem = memory or (cost.DEVICES[device].memory_bytes if device in cost.DEVICES else None)
-    return cost.cluster(compute, cost.LINKS[link], mem, f"{device} devices over {link}")
-
-
-def problem(key: str, strategy: str, axes: dict, batch: int, compute: cost.Compute, **options) -> Problem:
-    cfg = model_config(key)
-    return Problem(compute, axes, batch, model={"model": cfg.model, "depth": cfg.depth, "width": cfg.width},
-                   **options)
-
-
-PIPELINES = ("pipeline", "gems")
-
-
-def for_stages(machine: cost.Machine, profile: dict, strategy: str, key: str, implementation: str,
-               one_thread: bool) -> tuple[cost.Machine, bool]:
-    """(`machine`, one_thread), or on simulated CPU devices (one shared pool) that run this
-    strategy's stages at once, a core each, `cost.side_by_side`'s (and one thread's compute):
-    a pipeline of one program per stage whose model has convolutions."""
-    convolutional = any(layer.kind == "conv" for layer in machine.compute(key, one_thread).layers)
-    if machine.slots == 1 and strategy in PIPELINES and implementation == "mpmd" and convolutional:
-        return cost.side_by_side(profile, compute_source(profile)), True
-    return machine, one_thread
-
-
-def mesh_axes(strategy: str, devices: int, mesh: str = "", layers: int = 0) -> tuple[dict, str]:
-    """The axes a prediction uses, and a note when they are not the strategy's own: a pipeline
-    on more devices than the model has layers runs as many stages as fit (the largest divisor
-    of `devices` up to `layers`) replicated over the rest (data), as `hybrid` places it."""
-    cls = STRATEGIES[strategy]
-    if cls.uses_mpi:
-        return {MPI_AXIS[strategy]: devices}, ""
-    if strategy in PIPELINES and not mesh and layers and devices > layers:
-        stages = max(s for s in range(1, layers + 1) if devices % s == 0)
-        return ({"stage": stages, "data": devices // stages},
-                f"{stages} stages (the model has {layers} layers) x {devices // stages} data replicas")
-    return cls.mesh_axes(mesh, devices), ""
-
-
-def predict_one(profile, key, strategy, devices, batch, device=PROFILED, link="measured", memory=None,
-                mesh="", **options) -> cost.Prediction:
-    m = machine(profile, device, link, memory, ranks=STRATEGIES[strategy].uses_mpi and link == "measured")
-    compute = m.compute(key, False)
-    axes, note = mesh_axes(strategy, devices, mesh, len(compute.layers))
-    if not note:  # the strategy's own mesh: what it would refuse to run, it is not priced
-        refused(strategy, model_config(key), axes, batch, mesh, options)
-    # pipelines run as `--pipeline-impl auto` runs them: one program per stage on a CPU
-    on_cpu = device == PROFILED and profile["env"].get("backend", "cpu") == "cpu"
-    options = {"implementation": "mpmd" if on_cpu else "spmd", **options}
-    if on_cpu and link == "measured":
-        m, one_thread = for_stages(m, profile, strategy, key, options["implementation"], False)
-        compute = m.compute(key, one_thread)
-    work = STRATEGIES[strategy].cost(problem(key, strategy, axes, batch, compute, **options))
-    pred = cost.predict(work, m, batch, max(1, cost_devices(axes)))
-    return dataclasses.replace(pred, notes=pred.notes + ((note,) if note else ()))
-
-
-def refused(strategy: str, model: ModelConfig, axes: dict, batch: int, mesh: str, options: dict) -> None:
-    """ConfigError with the strategy's own reasons when it cannot place `model` on `axes`."""
-    cls = STRATEGIES[strategy]
-    cls.check_model(model)
-    config = TrainConfig(data=DataConfig(batch_size=batch), model=model,
-                         parallel=ParallelConfig(strategy=strategy, mesh=mesh, **options))
-    problems = cls.check(config, axes)
-    if problems:
-        raise ConfigError(" ".join(problems))
-
-
-def cost_devices(axes: dict) -> int:
-    n = 1
-    for v in axes.values():
-        n *= v
-    return n
-
-
-def parse_bytes(text: str) -> float:
-    """'16GB' -> 16e9 (also KB, MB, TB; GiB-style suffixes are powers of 1024)."""
-    m = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]?)(i?)B?\s*", text, re.I)
-    if not m:
-        raise ConfigError(f"--memory {text!r}: write a size like 16GB or 80GiB")
-    base = 1024 if m.group(3) else 1000
-    return float(m.group(1)) * base ** "_KMGT".index((m.group(2) or "_").upper())
-
-
-def model_key_of(model: str, depth: int | None, width: int | None) -> str:
-    return profiling.model_key(ModelConfig(model, depth=depth, width=width))
 
 
 @dataclass(frozen=True)
@@ -194,6 +41,8 @@ class PredictOptions:
     width: int = option(0, "width, where the model takes it (0: its default)")
     strategy: str = option("single", "strategy (as train's --strategy)")
     devices: int = option(1, "devices (ranks for the MPI strategies)")
+    ranks: int = option(0, "this many single-threaded processes on this machine instead of --devices "
+                           "(MPI ranks, jax.distributed processes)")
     mesh: str = option("", "axis sizes, as train's --mesh (default: the strategy's)")
     batch_size: int = option(128, "global batch")
     microbatches: int = option(4, "pipeline micro-batches")
@@ -203,11 +52,38 @@ class PredictOptions:
     link: str = option("measured", "measured (this machine's simulated devices) | 10gbit | 100gbit | nvlink")
     memory: str = option("", "memory per device, e.g. 16GB (default: the device's)")
     profile: str = option(DEFAULT_PROFILE, "the machine profile (`python -m experiments profile`)")
+    data: str = option("", "the committed results the terms and intervals are fitted on (default: the "
+                           "folder holding --profile as cost/profile.json; none there: the profile alone)")
 
 
 @dataclass(frozen=True)
 class PlanOptions(PredictOptions):
     devices: int = option(8, "devices to plan for")
+    microbatches: int = option(0, "pipeline micro-batches (0: weigh 1, 2, 4, 8, 16)")
+    schedule: str = option("", "pipeline schedule (empty: weigh every one)")
+    bench_top: int = option(0, "then measure the first N configurations that fit on this machine, in rounds "
+                               "(`bench`, one process per configuration and round), into --out")
+    rounds: int = option(5, "--bench-top: rounds, each configuration once a round, the order rotated")
+    out: str = option("", "--bench-top: the folder for plan.json and each configuration's rounds")
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """What the committed results give a prediction on this machine: its terms and spreads."""
+    terms: terms.Terms | None
+    sigmas: uncertainty.Sigmas
+    source: str
+
+
+def fitted_for(profile: dict, profile_path: str, data: str) -> Fitted:
+    """The terms and spreads fitted on the results under `data` (default: the folder holding
+    `profile_path` as cost/profile.json), or the profile's own noise alone where there are none."""
+    folder = Path(data) if data else Path(profile_path).parent.parent
+    if (folder / check.PROFILE_UNDER_DATA).is_file() and any(folder.glob(p) for _, p in check.CHECKED_STUDIES):
+        rows = check.check_rows(folder)
+        return Fitted(terms.fitted_terms(rows), uncertainty.sigmas(rows, profile), f"{len(rows)} points under {folder}")
+    return Fitted(None, uncertainty.Sigmas(uncertainty.profile_sigma(profile), {}, 0.0, 0.0),
+                  "the profile alone (no committed points beside it)")
 
 
 def _check(args) -> tuple[dict, str]:
@@ -215,82 +91,123 @@ def _check(args) -> tuple[dict, str]:
         raise ConfigError(f"--strategy {args.strategy}: choose one of {', '.join(STRATEGIES)}")
     if args.device not in DEVICE_CHOICES or args.link not in LINK_CHOICES:
         raise ConfigError(f"--device one of {', '.join(DEVICE_CHOICES)}; --link one of {', '.join(LINK_CHOICES)}")
-    return load_profile(args.profile), model_key_of(args.model, args.depth or None, args.width or None)
+    profile = pricing.load_profile(args.profile)
+    if args.ranks and not pricing.on_this_machine(profile, args.device, args.link):
+        raise ConfigError("--ranks: processes of this machine's CPU; drop --device and --link")
+    return profile, pricing.model_key_of(args.model, args.depth or None, args.width or None)
 
 
-def describe(pred: cost.Prediction, memory: float | None) -> str:
-    fits = "" if memory is None else ("  fits" if pred.memory_bytes <= memory else "  DOES NOT FIT")
-    return (f"step {1000 * pred.total_s:.2f} ms = compute {1000 * pred.compute_s:.2f} + communication "
-            f"{1000 * pred.comm_s:.2f} + bubble {1000 * pred.bubble_s:.2f}; {pred.images_per_s:,.0f} images/s; "
-            f"memory/device {pred.memory_bytes / 1e9:.3f} GB (state {pred.state_bytes / 1e9:.3f} + "
-            f"activations {pred.activation_bytes / 1e9:.3f}){fits}")
-
-
-def device_name(profile: dict, device: str) -> str:
-    """'h100 (assumed)', or what the profile measured: 'NVIDIA H100 80GB HBM3 (profiled)'."""
-    if device != PROFILED:
-        return f"{device} (assumed)"
-    env = profile.get("env", {})
-    return f"{env.get('device_kind') or env.get('backend', '?')} (profiled)"
+def sigma_of(fitted: Fitted, pred: cost.Prediction, key: str, one_thread: bool, session: bool) -> float:
+    share = pred.compute_s / pred.total_s if pred.total_s else 1.0
+    return fitted.sigmas.for_plan(key, one_thread, share, session)
 
 
 def predict_command(args: PredictOptions) -> cost.Prediction:
     """`python -m experiments predict`: one strategy's predicted step, printed."""
     profile, key = _check(args)
-    memory = parse_bytes(args.memory) if args.memory else None
-    pred = predict_one(profile, key, args.strategy, args.devices, args.batch_size, args.device,
-                       args.link, memory, args.mesh, microbatches=args.microbatches, schedule=args.schedule)
-    print(f"{key} / {args.strategy} on {args.devices} x {device_name(profile, args.device)} over {args.link}, "
-          f"batch {args.batch_size}")
-    print("  " + describe(pred, memory))
+    memory = pricing.parse_bytes(args.memory) if args.memory else None
+    local = pricing.on_this_machine(profile, args.device, args.link)
+    fitted = fitted_for(profile, args.profile, args.data) if local else None
+    pred = pricing.predict_one(profile, key, args.strategy, args.ranks or args.devices, args.batch_size, args.device,
+                               args.link, memory, args.mesh, processes=bool(args.ranks),
+                               fitted=fitted.terms if fitted else None, microbatches=args.microbatches,
+                               schedule=args.schedule)
+    where = f"{args.ranks} processes" if args.ranks else f"{args.devices} x {pricing.device_name(profile, args.device)}"
+    print(f"{key} / {args.strategy} on {where} over {args.link}, batch {args.batch_size}")
+    print("  " + pricing.describe(pred, memory))
+    if fitted:
+        one_thread = bool(args.ranks) or STRATEGIES[args.strategy].uses_mpi
+        lo, hi = uncertainty.interval(1000 * pred.total_s, sigma_of(fitted, pred, key, one_thread, session=True))
+        print(f"  80% interval {lo:.2f}-{hi:.2f} ms: the profile's noise, the model's own spread, one fresh "
+              f"measurement's and the day's speed (fitted on {fitted.source})")
+    else:
+        print("  (no interval: no measurement of this machine to carry one from)")
     for note in pred.notes:
         print(f"  ({note})")
     return pred
 
 
-def plan_rows(profile, key, devices, batch, device, link, memory, **options) -> list[dict]:
-    """Every strategy and mesh shape that can place `key` on `devices`, fastest first, those
-    that do not fit in `memory` (per device) marked."""
-    rows = []
-    for name, cls in STRATEGIES.items():
-        if cls.models is not None and model_config(key).model not in cls.models:
-            continue
-        for spec in mesh_choices(cls, devices):
-            try:
-                pred = predict_one(profile, key, name, devices if cls.axes or cls.uses_mpi else 1, batch, device, link,
-                                   memory, spec, **options)
-            except (ConfigError, meshlib.MeshError, NotImplementedError, ZeroDivisionError, ValueError):
-                continue
-            mem = memory or machine(profile, device, link, None).memory_bytes
-            rows.append({"strategy": name, "mesh": spec or "default", "prediction": pred,
-                         "fits": mem is None or pred.memory_bytes <= mem})
-    return sorted(rows, key=lambda r: (not r["fits"], r["prediction"].total_s))
-
-
-def mesh_choices(cls, devices: int) -> list[str]:
-    """'' (the default) and, for several axes, every split of `devices` over them (powers of 2)."""
-    if len(cls.axes) < 2:
-        return [""]
-    out, sizes = [], [2 ** i for i in range(devices.bit_length()) if devices % 2 ** i == 0]
-    for a in sizes:
-        for b in sizes:
-            c = devices // (a * b)
-            if a * b * c == devices and (len(cls.axes) == 3 or c == 1):
-                out.append(",".join(f"{ax}={n}" for ax, n in zip(cls.axes, (a, b, c))))
+def _best_per_strategy(rows: list[dict]) -> list[dict]:
+    """The fastest row of each strategy and mesh (over its micro-batches and schedules)."""
+    seen, out = set(), []
+    for r in rows:
+        if (r["strategy"], r["mesh"]) not in seen:
+            seen.add((r["strategy"], r["mesh"]))
+            out.append(r)
     return out
 
 
-def plan_command(args: PlanOptions) -> list[dict]:
-    """`python -m experiments plan`: every strategy and mesh, fastest first, printed."""
-    profile, key = _check(args)
-    memory = parse_bytes(args.memory) if args.memory else None
-    rows = plan_rows(profile, key, args.devices, args.batch_size, args.device, args.link, memory,
-                     microbatches=args.microbatches, schedule=args.schedule)
-    print(f"{key} on {args.devices} x {device_name(profile, args.device)} over {args.link}, batch {args.batch_size}, "
-          f"memory/device {args.memory or 'the device''s'}: fastest first")
+def mark_ties(rows: list[dict], fitted: Fitted | None, key: str, processes: bool) -> list[dict]:
+    """Each row with its 80% interval (ms; without the day's speed, which moves every row
+    alike) and `tie`: the pick's and its intervals overlap (the pick itself included)."""
     for r in rows:
         p = r["prediction"]
-        print(f"  {'  ' if r['fits'] else 'NO'} {r['strategy']:<17} {r['mesh']:<26} {1000 * p.total_s:10.2f} ms "
-              f"{p.images_per_s:12,.0f} img/s  {p.memory_bytes / 1e9:9.3f} GB"
-              + ("" if r["fits"] else "  does not fit"))
+        if fitted is None:
+            r["interval"] = None
+            continue
+        one_thread = processes and r["strategy"] != "single" or STRATEGIES[r["strategy"]].uses_mpi
+        r["interval"] = uncertainty.interval(1000 * p.total_s, sigma_of(fitted, p, key, one_thread, session=False))
+    fits = [r for r in rows if r["fits"]]
+    pick = fits[0] if fits else None
+    for r in rows:
+        r["tie"] = bool(pick and r["fits"] and r["interval"] and pick["interval"]
+                        and r["interval"][0] <= pick["interval"][1])
     return rows
+
+
+def _configuration(r: dict) -> str:
+    extra = [f"M={r['microbatches']}"] if "microbatches" in r else []
+    extra += [r["schedule"]] if r.get("schedule") else []
+    return r["mesh"] + (" " + " ".join(extra) if extra else "")
+
+
+def plan_command(args: PlanOptions) -> list[dict]:
+    """`python -m experiments plan`: every strategy and mesh (a pipeline at its best micro-batches
+    and schedule), fastest first, each with its interval; the pick, or the tie."""
+    profile, key = _check(args)
+    memory = pricing.parse_bytes(args.memory) if args.memory else None
+    local = pricing.on_this_machine(profile, args.device, args.link)
+    fitted = fitted_for(profile, args.profile, args.data) if local else None
+    fixed = {k: v for k, v in (("microbatches", args.microbatches), ("schedule", args.schedule)) if v}
+    rows = pricing.plan_rows(profile, key, args.ranks or args.devices, args.batch_size, args.device, args.link,
+                             memory, processes=bool(args.ranks), fitted=fitted.terms if fitted else None, **fixed)
+    shown = mark_ties(_best_per_strategy(rows), fitted, key, bool(args.ranks))
+    where = (f"{args.ranks} single-threaded processes (or one on every core)" if args.ranks
+             else f"{args.devices} x {pricing.device_name(profile, args.device)} over {args.link}")
+    print(f"{key} on {where}, batch {args.batch_size}, memory/device {args.memory or 'the device' + chr(39) + 's'}: "
+          f"fastest first ({len(rows)} configurations weighed)")
+    for r in shown:
+        p, iv = r["prediction"], r["interval"]
+        band = f"({iv[0]:.1f}-{iv[1]:.1f})" if iv else ""
+        print(f"  {'  ' if r['fits'] else 'NO'} {'=' if r['tie'] else ' '} {r['strategy']:<17} {_configuration(r):<28} "
+              f"{1000 * p.total_s:9.2f} ms {band:<14} {p.images_per_s:10,.0f} img/s {p.memory_bytes / 1e9:8.3f} GB"
+              + ("" if r["fits"] else "  does not fit"))
+    ties = [r for r in shown if r["tie"]]
+    if len(ties) > 1:
+        print(f"  a tie: {', '.join(r['strategy'] + ' ' + _configuration(r) for r in ties)} (their 80% intervals "
+              f"overlap the pick's; measure them)")
+    elif ties:
+        print(f"  pick: {ties[0]['strategy']} {_configuration(ties[0])}")
+    if fitted:
+        print(f"  (intervals: 80%, fitted on {fitted.source}; the day's speed moves every row alike, "
+              f"a further x{uncertainty.interval(1.0, fitted.sigmas.session)[0]:.2f}-"
+              f"{uncertainty.interval(1.0, fitted.sigmas.session)[1]:.2f})")
+    if args.bench_top:
+        _bench(args, key, [r for r in shown if r["fits"]][:args.bench_top])
+    return rows
+
+
+def _bench(args: PlanOptions, key: str, top: list[dict]) -> None:
+    """`--bench-top`: measure `top` in rounds and say which ran fastest."""
+    if not args.out or not pricing.on_this_machine(pricing.load_profile(args.profile), args.device, args.link):
+        raise ConfigError("--bench-top measures on this machine: give --out, and no --device or --link")
+    cfg = pricing.model_config(key)
+    question = {"model": cfg.model, "depth": cfg.depth, "width": cfg.width, "key": key,
+                "devices": args.ranks or args.devices, "processes": bool(args.ranks), "batch": args.batch_size}
+    found = plan_bench.bench_top(top, question, args.rounds, args.out)
+    fastest = min(found, key=lambda f: f["measured_ms"])
+    for f in found:
+        print(f"  measured {f['folder']:<32} {f['measured_ms']:8.2f} ms (median of {len(f['rounds_ms'])} rounds; "
+              f"predicted {f['predicted_ms']:.2f})")
+    print(f"  plan's first, {found[0]['folder']}, {'ran fastest' if fastest is found[0] else 'did not run fastest'}"
+          f" ({args.out}/{plan_bench.PLAN_FILE})")
