@@ -15,7 +15,7 @@ import shutil
 import pytest
 
 from conftest import ROOT, run_cli
-from experiments import tables
+from experiments.publish import measured_on
 from jaxpar import api, results
 from jaxpar.results import ran
 from jaxpar.config import TrainConfig, with_options
@@ -83,16 +83,16 @@ def _train_folder(tmp_path, with_ran: bool):
 
 
 def test_machine_lines_show_what_ran_and_old_files_as_not_recorded(tmp_path):
-    line = tables.machine_line("train-cnn", _train_folder(tmp_path, with_ran=True))
+    line = measured_on.machine_line("train-cnn", _train_folder(tmp_path, with_ran=True))
     assert line.endswith(" *Ran:* XLA CPU threads per process 2, GPU NVIDIA H200, driver "
                          "570.86.15; 1 file(s) not recorded.")
 
 
 def test_a_folder_of_old_results_keeps_its_line():
     data = ROOT / "figures/data"
-    line = tables.machine_line("train-cnn", data)
+    line = measured_on.machine_line("train-cnn", data)
     assert "*Ran:*" not in line and line.startswith("*Measured on:*")
-    assert tables.ran_words([{"ran": {"conv": "onednn", "onednn": {"version": "3.2.0", "isa": "avx2"},
+    assert measured_on.ran_words([{"ran": {"conv": "onednn", "onednn": {"version": "3.2.0", "isa": "avx2"},
                                       "xla_threads": 16}},
                              {"ran": {"conv": "cpu", "xla_threads": 2, "pipeline": "mpmd"}}]) == (
         " *Ran:* convolutions cpu / onednn, oneDNN 3.2.0 (avx2), XLA CPU threads per process "

@@ -61,7 +61,7 @@ def test_a_point_file_names_no_folder_of_the_machine(study):
 def test_a_point_naming_a_folder_outside_the_roots_is_refused_before_any_work(tmp_path):
     outside = dataclasses.replace(TRAIN, config=with_options(TINY, events="/jaxpar-nowhere/events"))
     with pytest.raises(ConfigError, match="--events /jaxpar-nowhere/events lies outside"):
-        points.run([outside], tmp_path, timeout=60)
+        points.run_points([outside], tmp_path, timeout=60)
     assert not any(tmp_path.iterdir())
 
 

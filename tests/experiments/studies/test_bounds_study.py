@@ -10,8 +10,12 @@ from jaxpar.errors import ConfigError
 
 def test_plan_puts_single_first_and_states_each_limit():
     planned = bounds.bounds_points(bounds.BoundsConfig())
-    assert [(n, label) for n, label, _, _ in planned][:5] == [
-        (2, "single"), (2, "pipeline gpipe"), (2, "pipeline 1f1b"), (2, "gems"), (2, "tensor")]
+    schedules = ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zbv", "dualpipev"]
+    assert [(n, label) for n, label, _, _ in planned][:10] == [
+        (2, "single"), *((2, f"pipeline {s}") for s in schedules), (2, "gems"), (2, "tensor")]
+    # the CNN's 4 layers hold 2 chunks on each of 2 devices, not on each of 4
+    assert [label for n, label, _, _ in planned if n == 4] == [
+        "single", "pipeline gpipe", "pipeline 1f1b", "pipeline zb-h1", "gems", "tensor"]
     limits = {(n, label): limit for n, label, _, limit in planned}
     assert limits[2, "pipeline gpipe"] == limits[2, "pipeline 1f1b"] == 1.3
     assert limits[2, "gems"] == limits[2, "tensor"] == 1.5

@@ -119,3 +119,12 @@ def test_the_checks_see_what_they_look_for(tmp_path):
     code.write_text("def f():\n    import json\n\n\ndef g():\n    # heavy: only here\n    import json\n")
     assert len(unexplained_imports(code)) == 1
     assert module_names(ast.parse("A = 1\ndef f(): pass\nclass C: pass\nb: int = 2\n")) == {"A", "f", "C", "b"}
+
+
+def test_test_modules_have_unique_names():
+    # pytest imports each test file by its basename (tests/ has no packages): a second
+    # test_x.py anywhere under tests/ is an import-file-mismatch error at collection
+    seen: dict[str, Path] = {}
+    for path in sorted(Path(__file__).parent.rglob("test_*.py")):
+        assert path.name not in seen, f"{path} and {seen[path.name]} share a name: rename one"
+        seen[path.name] = path
