@@ -142,8 +142,8 @@ class Watchdog:
         distributed.abort_job(PeerLost.exit_code, start_mpi=False)
 
     def _quiet_s(self) -> float:
-        """Silence that means gone: several beacons missed."""
-        return max(5 * self.interval, 2.0)
+        """Silence that means gone: several beacons missed (at most half the bound)."""
+        return min(max(5 * self.interval, 2.0), self.timeout / 2)
 
     # --- the report -------------------------------------------------------------------------
     def report(self, why: str, now: float, error: BaseException | None = None) -> str:
