@@ -16,8 +16,8 @@ import time
 import jax
 from rich.console import Console
 
-from experiments import (batch_size, bounds, cluster, demo, figures, hparam, machine, network,
-                         peers, pipeline_study, predict, profile_cmd, scaling, strategies,
+from experiments import (batch_size, bounds, cluster, demo, faults, figures, hparam, machine,
+                         network, peers, pipeline_study, predict, profile_cmd, scaling, strategies,
                          time_to_accuracy)
 from experiments import report as docs_report  # not `report`: jaxpar.bench's printout
 from experiments.cli import (BENCH, build_parser, cluster_arguments, config_from_args,
@@ -32,7 +32,7 @@ from jaxpar.errors import Diverged, UserError
 # Every study: a config dataclass (its flags), a quick preset and a run function.
 STUDIES = {s.name: s for s in (scaling.STUDY, pipeline_study.STUDY, hparam.STUDY, batch_size.STUDY,
                                 strategies.STUDY, time_to_accuracy.STUDY, peers.STUDY, bounds.STUDY,
-                                machine.STUDY, network.STUDY)}
+                                machine.STUDY, network.STUDY, faults.STUDY)}
 
 COMMANDS = {
     "train": {"help": "train one model with one strategy; writes OUT/result.json"},

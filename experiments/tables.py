@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from experiments import (machine_rows, network_rows, peers_mp, peers_report, plots, sources, speedup,
+from experiments import (faults, machine_rows, network_rows, peers_mp, peers_report, plots, sources, speedup,
                          tables_cost)
 from experiments.markdown import DASH, markdown, mb, num
 from experiments.rank_scaling import ranks_cell
@@ -354,6 +354,17 @@ def network(data_dir: Path) -> str:
     return network_rows.table(m) + "\n" + "\n".join(notes)
 
 
+# --- fault study ----------------------------------------------------------------------------
+def faults_table(data_dir: Path) -> str:
+    """Per family: a flap, a cut link, a lost host across 2 emulated hosts."""
+    return faults.table(sources.load(data_dir, "faults")["metrics"])
+
+
+def faults_overhead(data_dir: Path) -> str:
+    """mpi-allreduce's step with and without the watchdog."""
+    return faults.overhead_table(sources.load(data_dir, "faults")["metrics"])
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "strategy-list": strategy_list,
     "main-results": main_results,
@@ -374,6 +385,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "cost-h100": tables_cost.h100,
     "peers-model-parallel": peers_model_parallel,
     "network": network,
+    "faults": faults_table,
+    "faults-overhead": faults_overhead,
     "other-machines": other_machines,
     # One line per results folder (the two training runs share theirs; each machine's row
     # names its own).

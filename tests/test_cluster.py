@@ -23,7 +23,7 @@ import time
 import pytest
 
 import equivalence as eq
-from experiments import cluster
+from experiments import cluster, faults
 from jaxpar.config import TrainConfig, with_options
 from jaxpar.models import param_count
 from jaxpar.train import build_model, fit
@@ -217,71 +217,22 @@ def test_a_killed_rank_on_another_host_ends_the_job(hosts, tmp_path):
 
 # --- faults: a flap, a cut link, a lost host (jaxpar/runtime/watchdog.py, docs/faults.md) ---
 BOUND_S = 12  # --collective-timeout in these tests: above a 3 s flap and TCP's retransmissions
-# One strategy per family (the mechanism is shared within one): mpi4jax's all-reduce,
-# parameter server and message-passing pipeline; jax.distributed's data parallel, tensor and
-# pipeline (in-program p2p messages).
-STACK = ["--model", "stack-mlp", "--width", "32", "--depth", "2"]
-FAMILIES = {"mpi-allreduce": [], "mpi-param-server": [], "mpi-pipeline": STACK,
-            "dp-auto": [], "tensor": STACK, "pipeline": STACK}
-
-
-class Job:
-    """One 2-host launch of `train` (rank 1 on host 1), its output in files."""
-
-    def __init__(self, strategy: str, folder, *extra: str):
-        self.strategy, self.folder = strategy, folder
-        folder.mkdir(parents=True, exist_ok=True)
-        self.events = folder / "events.jsonl"
-        argv = [sys.executable, "-m", "mpi4py", "-m", "experiments", "train", "--strategy", strategy,
-                *TINY_RUN, *FAMILIES.get(strategy, []), "--collective-timeout", str(BOUND_S),
-                "--events", str(self.events), "--out", str(folder / "out"), *extra]
-        self.out, self.err = open(folder / "stdout", "w+"), open(folder / "stderr", "w+")
-        self.proc = subprocess.Popen(cluster.mpiexec(2, argv), cwd=ROOT, env=mpi_env(),
-                                     stdout=self.out, stderr=self.err, start_new_session=True)
-        self.ended: float | None = None
-
-    def steps(self) -> int:
-        return self.events.read_text().count('"event": "step"') if self.events.exists() else 0
-
-    def stderr(self) -> str:
-        self.err.flush()
-        return (self.folder / "stderr").read_text()
-
-    def alive(self) -> bool:
-        if self.proc.poll() is not None and self.ended is None:
-            self.ended = time.monotonic()
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:  # only what this test started: its own launch's session
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-
-def _until(jobs: list[Job], done, what: str, within: float) -> None:
-    """Poll until done(job) for every job; fail naming `what` and each job's stderr's end."""
-    deadline = time.monotonic() + within
-    while not all(done(job) for job in jobs):
-        assert time.monotonic() < deadline, f"{what}: " + " | ".join(
-            f"{j.strategy}: alive={j.alive()} steps={j.steps()} {j.stderr()[-800:]}" for j in jobs)
-        time.sleep(0.2)
-
-
-def _link(host: str, state: str) -> None:
-    subprocess.run(["ip", "netns", "exec", host, "ip", "link", "set", "eth0", state], check=True)
 
 
 @pytest.fixture
 def families(hosts, tmp_path):
-    """A job of every family at once, training (the link up again and every job ended after)."""
-    jobs = [Job(s, tmp_path / s, "--steps", "100000") for s in FAMILIES]
+    """A job of every family at once (experiments.faults.FAMILIES: one strategy each, the
+    mechanism being shared within a family), training; the link up again and every job ended
+    after."""
+    launches = [faults.Launch(s, tmp_path / s, BOUND_S, "--steps", "100000", env=mpi_env())
+                for s in faults.FAMILIES]
     try:
-        _until(jobs, lambda j: j.steps() >= 10, "every family training", 420)
-        yield jobs
+        faults.until(launches, lambda l: l.steps() >= 10, "every family training", 420)
+        yield launches
     finally:
-        _link(hosts["hosts"][1], "up")
-        for job in jobs:
-            job.kill()
+        faults.link(hosts["hosts"][1], "up")
+        for launch in launches:
+            launch.kill()
 
 
 @needs_root
@@ -291,22 +242,13 @@ def test_a_flap_is_survived_and_a_cut_link_ends_every_family_within_the_bound(ho
     on. Then down for good (a cut link): every job ends within the bound (plus a beacon
     interval and the report), exit 75, rank 0 naming rank 1 on host 1 as silent."""
     host = hosts["hosts"][1]
-    before = {j.strategy: j.steps() for j in families}
-    _link(host, "down")
-    time.sleep(3)
-    _link(host, "up")
-    _until(families, lambda j: j.alive() and j.steps() >= before[j.strategy] + 20,
-           "training on after a 3 s flap", 120)
-    _link(host, "down")
-    cut = time.monotonic()
-    _until(families, lambda j: not j.alive(), "every job ended after the cut", BOUND_S + 60)
-    for job in families:
-        took, err = job.ended - cut, job.stderr()
-        assert job.proc.returncode == PeerLost.exit_code, (job.strategy, err[-2000:])
-        assert BOUND_S - 1 < took < BOUND_S + 6, (job.strategy, took)
-        assert re.search(rf"^jaxpar: {job.strategy} stopped at step \d+: no step finished for "
-                         rf"\d+ s \(--collective-timeout {BOUND_S};.*rank 1 on {host} has been "
-                         r"silent for", err, re.M), err[-2000:]
+    flapped = faults.flap(families, host, 3)
+    assert all(f["survived"] for f in flapped.values()), flapped
+    for strategy, row in faults.cut(families, host, BOUND_S).items():
+        assert row["exit"] == PeerLost.exit_code and BOUND_S - 1 < row["end_s"] < BOUND_S + 6, (strategy, row)
+        assert row["names_host"] and re.match(
+            rf"jaxpar: {strategy} stopped at step \d+: no step finished for \d+ s "
+            rf"\(--collective-timeout {BOUND_S};.*rank 1 on {host} has been silent for", row["report"]), row
 
 
 @needs_root
@@ -314,16 +256,8 @@ def test_a_flap_is_survived_and_a_cut_link_ends_every_family_within_the_bound(ho
 def test_a_lost_host_ends_every_family_within_the_bound(hosts, families):
     """Every process in host 1's namespace killed at once (kill -9: ranks, MPI's proxy): every
     job ends within the bound, none left running on either host."""
-    inode = hosts["netns_inodes"][1]
-    for pid in cluster._processes({inode}):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    killed = time.monotonic()
-    _until(families, lambda j: not j.alive(), "every job ended after host 1 was lost", BOUND_S + 60)
-    for job in families:
-        assert job.proc.returncode != 0 and job.ended - killed < BOUND_S + 6, (job.strategy, job.stderr()[-2000:])
+    for strategy, row in faults.lose(families, hosts["netns_inodes"][1], BOUND_S).items():
+        assert row["exit"] != 0 and row["end_s"] < BOUND_S + 6, (strategy, row)
     deadline = time.monotonic() + 10
     while cluster._processes(set(hosts["netns_inodes"])):
         assert time.monotonic() < deadline, "processes left in the hosts after the jobs ended"
@@ -338,25 +272,23 @@ def test_a_job_a_cut_link_ended_goes_on_with_the_same_command(hosts, tmp_path):
     back, it continues from the checkpoint and ends with the loss of an uninterrupted run."""
     run = ["--steps", "300", "--optimizer", "sgd", "--lr-schedule", "constant",
            "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "50", "--resume", "auto"]
-    first = Job("mpi-allreduce", tmp_path / "first", *run)
+    first = faults.Launch("mpi-allreduce", tmp_path / "run", BOUND_S, *run, env=mpi_env())
     try:
-        _until([first], lambda j: any(p.name.isdigit() for p in (tmp_path / "ckpt").glob("*")),
-               "a first checkpoint", 300)
-        _link(hosts["hosts"][1], "down")
-        _until([first], lambda j: not j.alive(), "the job ended after the cut", BOUND_S + 60)
+        faults.until([first], lambda l: any(p.name.isdigit() for p in (tmp_path / "ckpt").glob("*")),
+                     "a first checkpoint", 300)
+        (row,) = faults.cut([first], hosts["hosts"][1], BOUND_S).values()
     finally:
-        _link(hosts["hosts"][1], "up")
+        faults.link(hosts["hosts"][1], "up")
         first.kill()
-    assert first.proc.returncode == PeerLost.exit_code
-    assert "To go on, run the same command again: --resume auto continues" in first.stderr()
-    first.out.close()
-    again = Job("mpi-allreduce", tmp_path / "first", *run)  # the same command, the same folders
+    assert row["exit"] == PeerLost.exit_code
+    assert "To go on, run the same command again: --resume auto continues" in row["report"]
+    again = faults.Launch("mpi-allreduce", tmp_path / "run", BOUND_S, *run, env=mpi_env())  # the same command
     try:
-        _until([again], lambda j: not j.alive(), "the same command to its end", 300)
+        faults.until([again], lambda l: not l.alive(), "the same command to its end", 300)
     finally:
         again.kill()
     assert again.proc.returncode == 0, again.stderr()[-2000:]
-    result = json.loads((tmp_path / "first/out/result.json").read_text())
+    result = json.loads((tmp_path / "run/out/result.json").read_text())
     assert result["metrics"]["resumed_from_step"] >= 50 and result["metrics"]["steps"] == 300
     options = dict(model="mlp", width=16, depth=1, dataset="synthetic", synthetic_size=2000,
                    val_size=0, batch_size=32, steps=300, optimizer="sgd", lr_schedule="constant",
