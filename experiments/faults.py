@@ -71,6 +71,10 @@ class FaultsConfig:
     # 10 s, not the default 30: the study waits the bound out once per family and fault.
     collective_timeout: float = options.train_option("collective_timeout", 10.0)
     flap_s: float = option(3.0, "seconds host 1's link is down in the flap")
+    long_flaps_s: tuple[float, ...] = option((10.0, 20.0), "longer flaps, one after another in "
+                                             "one launch under train's default bound")
+    long_flap_strategies: tuple[str, ...] = option(("mpi-allreduce", "dp-auto"), "the families "
+                                                   "the longer flaps meet", choices="strategy")
     overhead_models: tuple[str, ...] = option(("mlp", "cnn"), "models whose mpi-allreduce step "
                                               "is timed with and without the watchdog", choices="model")
     rounds: int = option(5, "alternations of the watchdog's bench points (with, without)")
@@ -80,6 +84,7 @@ class FaultsConfig:
 
 
 QUICK = dataclasses.replace(FaultsConfig(), strategies=("mpi-allreduce", "dp-auto"),
+                            long_flaps_s=(10.0,), long_flap_strategies=("dp-auto",),
                             overhead_models=("mlp",), rounds=2, iters=20, warmup=2, timeout=300)
 
 
@@ -216,7 +221,27 @@ def family(strategy: str, folder: Path, config: FaultsConfig, host: str, inode: 
         row["lost_host"] = lose([launch], inode, config.collective_timeout)[strategy]
     finally:
         launch.kill()
+    if strategy in config.long_flap_strategies and config.long_flaps_s:
+        row["long_flaps"] = long_flaps(strategy, folder / "long", config, host)
     return row
+
+
+def long_flaps(strategy: str, folder: Path, config: FaultsConfig, host: str) -> dict:
+    """One launch under train's default bound, the longer flaps one after another: each
+    survived? and the longest step gap around it."""
+    bound = TrainConfig().parallel.collective_timeout
+    launch = Launch(strategy, folder, bound, "--steps", "1000000")
+    try:
+        until([launch], lambda l: l.steps() >= 20, "training", config.timeout)
+        flaps = []
+        for seconds in config.long_flaps_s:
+            flaps.append(flap([launch], host, seconds, within=bound + 60)[strategy])
+            if not flaps[-1]["survived"]:
+                break
+        return {"bound_s": bound, "flaps": flaps}
+    finally:
+        link(host, "up")
+        launch.kill()
 
 
 def overhead_points(config: FaultsConfig) -> list[Point]:
@@ -253,7 +278,7 @@ def run(config: FaultsConfig) -> list[Path] | None:
     and removed here); OUT/faults.json and OUT/summary.md."""
     at_least(config, 1, "iters", "rounds")
     at_least(config, 0, "warmup")
-    distinct(config, "strategies", "overhead_models")
+    distinct(config, "strategies", "overhead_models", "long_flap_strategies")
     for s in config.strategies:
         if s not in FAMILIES:
             raise UserError(f"--strategies {s}: the fault study runs one strategy per family: "
@@ -280,7 +305,7 @@ def run(config: FaultsConfig) -> list[Path] | None:
     paths = [results.write_atomic(out / "faults.json", study.to_json() + "\n"),
              results.write_atomic(out / "summary.md", table(metrics) + "\n\n" + overhead_table(metrics) + "\n")]
     print(paths[1].read_text())
-    good = all(r["flap"]["survived"] and r["cut"]["exit"] == PeerLost.exit_code and r["cut"]["names_host"]
+    good = all(r["flap"]["survived"] and all(f["survived"] for f in r.get("long_flaps", {}).get("flaps", [])) and r["cut"]["exit"] == PeerLost.exit_code and r["cut"]["names_host"]
                and r["cut"]["end_s"] < config.collective_timeout + 10 and r["lost_host"]["exit"] != 0
                for r in rows)
     return paths if good else None
@@ -290,16 +315,22 @@ def _s(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.1f} s"
 
 
+def _flap(f: dict) -> str:
+    return ("survived" if f["survived"] else "**ended**") + f" (steps stalled {_s(f['longest_step_gap_s'])})"
+
+
 def table(m: dict) -> str:
     """Per family: the flap, the cut link and the lost host, beside PyTorch's defaults."""
-    rows = [[r["family"], f"`{r['strategy']}`",
-             ("survived" if r["flap"]["survived"] else "**ended**") + f" (steps stalled {_s(r['flap']['longest_step_gap_s'])})",
+    rows = [[r["family"], f"`{r['strategy']}`", _flap(r["flap"]),
              _s(r["cut"]["end_s"]), str(r["cut"]["exit"]), "yes" if r["cut"]["names_host"] else "**no**",
-             _s(r["lost_host"]["end_s"]), str(r["lost_host"]["exit"])] for r in m["families"]]
+             _s(r["lost_host"]["end_s"]), str(r["lost_host"]["exit"]),
+             "; ".join(f"{f['seconds']:g} s: {_flap(f)}" for f in r.get("long_flaps", {}).get("flaps", [])) or "-"]
+            for r in m["families"]]
     torch = "; ".join(f"{what}: {s // 60} min" for what, s in m["pytorch_default_s"].items())
     return (markdown(["family", "strategy", f"link down {m['families'][0]['flap']['seconds']:g} s, then up",
                       "cut link: job ended after", "exit", "report names the host",
-                      "lost host: job ended after", "exit"], rows)
+                      "lost host: job ended after", "exit",
+                      f"longer flaps, bound {TrainConfig().parallel.collective_timeout:g} s"], rows)
             + f"\n*Bound:* --collective-timeout {m['bound_s']:g} s ({m['link']}). *PyTorch's defaults "
             f"for the same wait:* {torch}.")
 
