@@ -24,7 +24,7 @@ socket timeouts get `backstop_s` (twice the bound plus 5 s), so that the watchdo
 comes first and a flap shorter than the bound passes everywhere. docs/faults.md.
 
     watchdog.configure(seconds)                    # before jax.distributed starts (backstop_s)
-    watchdog.start(config, log)                    # every process, once joined (a collective)
+    watchdog.start(rank, size, exchange, seconds, log)   # every process, once joined (a collective)
     with watchdog.armed("dp-auto", resume_hint):   # the loop
         watchdog.progress(step, seconds)           # where the loop waited for a step
     watchdog.stop()
