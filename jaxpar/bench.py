@@ -82,6 +82,7 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
         "flops_loop_bodies_once": programs.has_loops,
         **accounting,
         "iters": iters,
+        "watchdog": watchdog.usage(),  # its thread's CPU seconds (None: no watchdog ran)
         **measured_timeline,
         **measured_wire,
         "wall_s": time.perf_counter() - wall_start,

@@ -79,6 +79,7 @@ class Watchdog:
         self.what, self.resume = "", (lambda: "")
         self.is_armed = self.noticed = self.stopping = False
         self.firing = threading.Lock()  # one report per process (the thread or the loop)
+        self.started, self.cpu_s = time.monotonic(), 0.0  # the thread's own CPU time: its cost
         self.thread = threading.Thread(target=self._run, name="jaxpar-watchdog", daemon=True)
 
     # --- the loop's side --------------------------------------------------------------------
@@ -100,6 +101,7 @@ class Watchdog:
                 if self.peers.receive(self.interval, also=self.notice_fd):
                     self._fire("abort")
                 self._check(time.monotonic())
+                self.cpu_s = time.thread_time()
             except Exception as e:  # never let the thread die silently: the bound would go
                 print(f"jaxpar watchdog: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
                 time.sleep(self.interval)
@@ -236,6 +238,14 @@ def stop() -> None:
         dog.stopping = True
         dog.thread.join(timeout=2 * dog.interval + 1)
         dog.peers.close()
+
+
+def usage() -> dict[str, float] | None:
+    """What this process's watchdog thread has cost: its CPU seconds, over how many seconds
+    of running (None without a watchdog)."""
+    if _dog is None:
+        return None
+    return {"thread_cpu_s": _dog.cpu_s, "running_s": time.monotonic() - _dog.started}
 
 
 def progress(step: int | None = None, seconds: float | None = None) -> None:

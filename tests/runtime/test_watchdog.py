@@ -258,3 +258,19 @@ def test_no_watchdog_starts_none(monkeypatch):
     monkeypatch.setattr(distributed, "world", lambda: (0, 2, lambda text: [text, text]))
     assert api._watch(with_options(TrainConfig(), watchdog=False), None) is None
     assert watchdog._dog is None
+
+
+def test_the_thread_costs_next_to_nothing_and_says_so():
+    """`usage()`: the watchdog thread's own CPU time over the seconds it ran (bench records
+    it): a few beacons a second cost well under 1% of a core."""
+    zero, one = beacon_pair()
+    dog = watchdog.Watchdog(zero, 2.0, None, None)  # a beacon every 0.1 s: its busiest
+    watchdog._dog = dog
+    dog.thread.start()
+    try:
+        time.sleep(1.5)
+        used = watchdog.usage()
+    finally:
+        watchdog.stop()
+    assert watchdog.usage() is None
+    assert 1.4 < used["running_s"] < 3 and 0 < used["thread_cpu_s"] < 0.01 * used["running_s"], used
