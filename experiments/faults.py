@@ -104,12 +104,19 @@ class Launch:
         self.proc = subprocess.Popen(cluster.mpiexec(2, argv), env=env, stdout=self.out,
                                      stderr=self.err, start_new_session=True, cwd=ROOT)
         self.ended: float | None = None
+        self._read, self._times = 0, []  # bytes of the events file read, its steps' times
 
     def step_times(self) -> list[float]:
-        if not self.events.exists():
-            return []
-        return [json.loads(line)["time"] for line in self.events.read_text().splitlines()
-                if '"event": "step"' in line]
+        """When each logged step was logged (the events file read on from where it was left)."""
+        if self.events.exists():
+            with open(self.events, "rb") as f:
+                f.seek(self._read)
+                chunk = f.read()
+            whole = chunk[:chunk.rfind(b"\n") + 1]  # a line still being written waits
+            self._read += len(whole)
+            self._times += [json.loads(line)["time"] for line in whole.decode().splitlines()
+                            if '"event": "step"' in line]
+        return self._times
 
     def steps(self) -> int:
         return len(self.step_times())
