@@ -369,7 +369,7 @@ def drain(run: Run, loop: LoopState) -> None:
     loop.step_times.append(dt / len(window))
     loop.train_s += dt
     loop.pending = []
-    watchdog.progress(loop.step, dt / len(window))  # the steps' waits for other processes ended
+    watchdog.progress(loop.step, dt, len(window))  # the steps' waits for other processes ended
 
 
 def record_validation(run: Run, loop: LoopState, epoch: int) -> None:

@@ -74,7 +74,7 @@ class Watchdog:
         self.peers, self.timeout, self.log, self.notice_fd = peers, timeout, log, notice_fd
         self.interval = min(1.0, max(0.1, timeout / 20))   # beacons: several per bound
         self.step, self.last = 0, time.monotonic()
-        self.durations: list[float] = []
+        self.durations: list[tuple[float, int]] = []  # (seconds, steps) between the loop's waits
         self.expected: float | None = None
         self.what, self.resume = "", (lambda: "")
         self.is_armed = self.noticed = self.stopping = False
@@ -83,15 +83,17 @@ class Watchdog:
         self.thread = threading.Thread(target=self._run, name="jaxpar-watchdog", daemon=True)
 
     # --- the loop's side --------------------------------------------------------------------
-    def progress(self, step: int | None, seconds: float | None) -> None:
+    def progress(self, step: int | None, seconds: float | None, steps: int = 1) -> None:
         self.last = time.monotonic()
         if step is not None:
             self.step = step
         if seconds is not None and self.expected is None:
-            self.durations.append(seconds)
+            self.durations.append((seconds, steps))
             if len(self.durations) == WARMUP_STEPS + EXPECTED_FROM:
-                self.expected = statistics.median(self.durations[WARMUP_STEPS:])
-                check_bound(self.timeout, self.expected)
+                measured = self.durations[WARMUP_STEPS:]
+                self.expected = statistics.median(s / n for s, n in measured)
+                # Between two waits the loop may run several steps (every 10 on an accelerator).
+                check_bound(self.timeout, statistics.median(s for s, _ in measured))
 
     # --- the thread -------------------------------------------------------------------------
     def _run(self) -> None:
@@ -199,13 +201,14 @@ def _seconds(s: float) -> str:
 
 
 def check_bound(timeout: float, expected: float) -> None:
-    """ConfigError when a healthy step could reach the bound (under MIN_RATIO steps)."""
+    """ConfigError when a healthy wait could reach the bound (under MIN_RATIO of the loop's
+    usual time between two waits: a step, or the steps it runs between waits)."""
     if timeout < MIN_RATIO * expected:
         need = MIN_RATIO * expected
         raise ConfigError(f"--collective-timeout {timeout:g} is under {MIN_RATIO}x this run's step "
-                          f"({_seconds(expected)}, the median of its first steps): a step slowed "
-                          f"by a busy moment would end the job; give at least {need:.0f} (or "
-                          "--no-watchdog)")
+                          f"({_seconds(expected)} between the loop's waits, the median of its first "
+                          f"ones): a step slowed by a busy moment would end the job; give at least "
+                          f"{need:.0f} (or --no-watchdog)")
 
 
 def start(rank: int, size: int, exchange: Callable[[str], list[str]], timeout: float,
@@ -248,11 +251,12 @@ def usage() -> dict[str, float] | None:
     return {"thread_cpu_s": _dog.cpu_s, "running_s": time.monotonic() - _dog.started}
 
 
-def progress(step: int | None = None, seconds: float | None = None) -> None:
-    """The loop made progress: `step` finished (in `seconds`, waited for), or an evaluation
-    batch or checkpoint did (no arguments). Nothing without a watchdog."""
+def progress(step: int | None = None, seconds: float | None = None, steps: int = 1) -> None:
+    """The loop made progress: `steps` steps up to `step` finished (waited for, `seconds` since
+    the last wait), or an evaluation batch or checkpoint did (no arguments). Nothing without
+    a watchdog."""
     if _dog is not None:
-        _dog.progress(step, seconds)
+        _dog.progress(step, seconds, steps)
 
 
 # Errors of a wait whose peer went away (connections closed or reset, transports that time
