@@ -205,7 +205,7 @@ def _started(config: TrainConfig, out: str | None, console) -> Iterator[Any]:
     print nothing)."""
     simulate_cpu_devices(config.parallel.devices)  # before JAX's backend starts
     validate_options(config)  # before processes join: every rank fails alike, none mid-start
-    watchdog.configure(config.parallel.collective_timeout)  # jax.distributed's heartbeat, sockets
+    distributed.set_collective_timeout(config.parallel.collective_timeout)  # heartbeat, sockets
     distributed.setup(distributed_mode(config), config.parallel.single_thread,
                       config.parallel.devices or 1)
     validate(config)  # every option and combination, before any work or write

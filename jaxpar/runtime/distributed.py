@@ -18,6 +18,7 @@ import time
 from typing import Callable
 
 from jaxpar import mesh as meshlib
+from jaxpar.config import ParallelConfig
 from jaxpar.runtime import optional
 from jaxpar.errors import ConfigError
 from jaxpar.runtime import gloo_poller
@@ -33,10 +34,29 @@ ABORT_WAIT_S = 5
 
 # Short on purpose: a missing or dead rank must end the job in tens of seconds, not JAX's
 # default 300 s initialisation / 100 s heartbeat / 300 s shutdown. The heartbeat's timeout is
-# the watchdog's backstop (`jaxpar.runtime.watchdog.backstop_s`, from --collective-timeout),
-# so that the watchdog, which says who went silent, acts first.
+# the watchdog's backstop (`backstop_s`, from --collective-timeout), so that the watchdog
+# (`jaxpar.runtime.watchdog`), which says who went silent, acts first.
 INIT_TIMEOUT_S = 30
 SHUTDOWN_TIMEOUT_S = 10
+_collective_timeout_s = ParallelConfig().collective_timeout  # this process's --collective-timeout
+
+
+def set_collective_timeout(seconds: float) -> None:
+    """This process's --collective-timeout, before anything waits for another process (the
+    watchdog's bound; jax.distributed's heartbeat and the p2p sockets take `backstop_s`)."""
+    global _collective_timeout_s
+    _collective_timeout_s = float(seconds)
+
+
+def collective_timeout_s() -> float:
+    return _collective_timeout_s
+
+
+def backstop_s() -> float:
+    """The timeouts behind the watchdog (jax.distributed's heartbeat, the pipelines' sockets):
+    twice the bound plus 5 s, past the watchdog's report, so that they end a job only where no
+    watchdog runs (--no-watchdog, a wait outside the loop) and a flap it lets pass passes."""
+    return 2 * _collective_timeout_s + 5
 
 INSTALL_HINT = f"install the `mpi` extra: {optional.MPI4JAX_INSTALL}"
 
@@ -208,15 +228,14 @@ def initialize(mode: str, heartbeat_s: float | None = None) -> None:
     Args:
       mode: 'none' (do nothing), 'auto' (MPI or SLURM when launched by one), 'mpi' or 'slurm'.
       heartbeat_s: how long a process may miss its heartbeats (the coordination service's
-        and each client's timeout) before XLA ends the job; default the watchdog's backstop.
+        and each client's timeout) before XLA ends the job; default `backstop_s()`.
     """
     if mode == "none" or (mode == "auto" and launcher() is None):
         return
     kind = launcher() if mode == "auto" else mode
     import jax
-    from jaxpar.runtime import watchdog  # (it ends jobs through this module: imported late)
 
-    heartbeat_s = watchdog.backstop_s() if heartbeat_s is None else heartbeat_s
+    heartbeat_s = backstop_s() if heartbeat_s is None else heartbeat_s
 
     timeouts = dict(initialization_timeout=INIT_TIMEOUT_S,
                     heartbeat_timeout_seconds=max(1, round(heartbeat_s)),

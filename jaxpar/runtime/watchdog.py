@@ -20,10 +20,10 @@ Here every process of a multi-process run runs one thread that
 It learns the step's time from the first steps, refuses a bound a healthy step could reach
 (under 10x the median step: ConfigError), and prints a notice at half the bound (a stall a
 user can see in the log while it lasts). jax.distributed's heartbeat and the pipelines'
-socket timeouts get `backstop_s` (twice the bound plus 5 s), so that the watchdog's report
+socket timeouts get `distributed.backstop_s` (twice the bound plus 5 s), so that the watchdog's report
 comes first and a flap shorter than the bound passes everywhere. docs/faults.md.
 
-    watchdog.configure(seconds)                    # before jax.distributed starts (backstop_s)
+    distributed.set_collective_timeout(seconds)    # before jax.distributed starts (its heartbeat)
     watchdog.start(rank, size, exchange, seconds, log)   # every process, once joined (a collective)
     with watchdog.armed("dp-auto", resume_hint):   # the loop
         watchdog.progress(step, seconds)           # where the loop waited for a step
@@ -40,7 +40,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
-from jaxpar.config import ParallelConfig
 from jaxpar.errors import ConfigError, PeerLost
 from jaxpar.runtime import abort_guard, distributed
 from jaxpar.runtime.beacons import Beacons
@@ -50,21 +49,7 @@ EXPECTED_FROM = 10        # steps after the warm-up whose median is the expected
 MIN_RATIO = 10            # the bound must be at least this many expected steps
 REPORT_GRACE_S = 5.0      # a rank other than 0 waits this long for rank 0 to report and end the job
 
-_timeout_s = ParallelConfig().collective_timeout
 _dog: Watchdog | None = None
-
-
-def configure(timeout_s: float) -> None:
-    """This process's bound, before anything waits (jax.distributed's heartbeat, sockets)."""
-    global _timeout_s
-    _timeout_s = float(timeout_s)
-
-
-def backstop_s() -> float:
-    """The timeouts behind the watchdog (jax.distributed's heartbeat, the pipelines' sockets):
-    past the bound and the watchdog's report, so that they end a job only where no watchdog
-    runs (--no-watchdog, a wait outside the loop)."""
-    return 2 * _timeout_s + 5
 
 
 class Watchdog:

@@ -42,11 +42,13 @@ def test_a_bound_a_healthy_step_could_reach_is_refused_naming_what_to_give():
 
 
 def test_the_backstops_come_after_the_bound_and_its_report():
-    watchdog.configure(10)
+    from jaxpar.runtime import distributed
+
+    distributed.set_collective_timeout(10)
     try:
-        assert watchdog.backstop_s() == 25 > 10 + watchdog.REPORT_GRACE_S
+        assert distributed.backstop_s() == 25 > 10 + watchdog.REPORT_GRACE_S
     finally:
-        watchdog.configure(TrainConfig().parallel.collective_timeout)
+        distributed.set_collective_timeout(TrainConfig().parallel.collective_timeout)
 
 
 def beacon_pair(hosts=("host-a", "host-b")) -> list[Beacons]:
@@ -242,11 +244,11 @@ def test_jax_distributeds_heartbeat_is_the_backstop(monkeypatch):
     seen = {}
     monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: seen.update(kw))
     monkeypatch.setattr(distributed, "_gloo_gives_way", lambda: None)
-    watchdog.configure(7)
+    distributed.set_collective_timeout(7)
     try:
         distributed.initialize("slurm")
     finally:
-        watchdog.configure(TrainConfig().parallel.collective_timeout)
+        distributed.set_collective_timeout(TrainConfig().parallel.collective_timeout)
     assert seen["heartbeat_timeout_seconds"] == 19 and seen["initialization_timeout"] == distributed.INIT_TIMEOUT_S
 
 

@@ -28,7 +28,7 @@ Every wait is bounded: connecting by `CONNECT_TIMEOUT_S`, each write and receive
 sockets' `timeout_s()` (SO_SNDTIMEO / SO_RCVTIMEO; TCP_USER_TIMEOUT for data the peer never
 acknowledges), a channel's receive and a flush by the same, after which the program fails
 with a message naming the peer's silence. That is the watchdog's backstop (twice
---collective-timeout plus 5 s, `jaxpar.runtime.watchdog`): the watchdog, which names the rank
+--collective-timeout plus 5 s, `distributed.backstop_s`): the watchdog, which names the rank
 and host that went silent, normally ends the job first, and a link that flaps for less than
 the bound costs the connection nothing (TCP retransmits what was lost).
 """
@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpar.runtime import native, watchdog
+from jaxpar.runtime import distributed, native
 from jaxpar.parallel.transport import addresses
 
 SOURCE = Path(__file__).with_name("p2p.cc")
@@ -62,7 +62,7 @@ Unavailable = native.Unavailable  # the custom calls cannot be built or loaded h
 
 def timeout_s() -> int:
     """Seconds one send, receive or flush may wait (`TIMEOUT_S`, else the watchdog's backstop)."""
-    return TIMEOUT_S if TIMEOUT_S is not None else int(watchdog.backstop_s())
+    return TIMEOUT_S if TIMEOUT_S is not None else int(distributed.backstop_s())
 
 
 def unavailable() -> str | None:

@@ -180,9 +180,9 @@ def test_sockets_wait_at_most_the_watchdogs_backstop():
     import socket
     import struct
 
-    from jaxpar.runtime import watchdog
+    from jaxpar.runtime import distributed
 
-    watchdog.configure(10)
+    distributed.set_collective_timeout(10)
     try:
         assert p2p.timeout_s() == 25
         with socket.create_server(("127.0.0.1", 0)) as server, \
@@ -192,4 +192,4 @@ def test_sockets_wait_at_most_the_watchdogs_backstop():
             assert struct.unpack("ll", s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, 16))[0] == 25
             assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 25_000
     finally:
-        watchdog.configure(30)
+        distributed.set_collective_timeout(30)
