@@ -30,7 +30,7 @@ import numpy as np
 from flax import nnx
 
 from jaxpar import data as datalib
-from jaxpar.runtime import abort_guard, distributed, watchdog
+from jaxpar.runtime import distributed, watchdog
 from jaxpar import models, results
 from jaxpar import bench as benchlib
 from jaxpar.config import TrainConfig, with_options
@@ -228,8 +228,8 @@ def _started(config: TrainConfig, out: str | None, console) -> Iterator[Any]:
 def _watch(config: TrainConfig, out: str | None) -> Path | None:
     """In a multi-process run, start this process's watchdog (docs/faults.md): every wait for
     another process bounded by --collective-timeout. Under jax.distributed, XLA's and the
-    other C/C++ messages of this process go to a log file (returned) whose aborts it explains:
-    OUT/logs/rank-R.log, or a temporary folder's without --out."""
+    other C/C++ messages of this process go to a log file (returned) whose aborts it explains,
+    OUT/logs/rank-R.log (or a temporary folder's without --out), until the run ends."""
     found = distributed.world()
     if found is None or not config.parallel.watchdog:
         return None
@@ -238,7 +238,6 @@ def _watch(config: TrainConfig, out: str | None) -> Path | None:
     if jax.distributed.is_initialized():
         folder = Path(out) / "logs" if out is not None else Path(tempfile.gettempdir()) / "jaxpar-logs"
         log = folder / (f"rank-{rank}.log" if out is not None else f"{os.getpid()}-rank-{rank}.log")
-        abort_guard.divert_stderr(log)
     watchdog.start(rank, size, exchange, config.parallel.collective_timeout, log)
     return log
 

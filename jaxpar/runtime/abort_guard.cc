@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 static int notify_fd = -1, report_fd = -1, exit_code = 75, wait_ms = 10000;
+static struct sigaction before;  // SIGABRT's action before the guard, put back by Unguard
 static char fallback[4096];
 static volatile size_t fallback_len = 0;
 
@@ -51,5 +52,12 @@ extern "C" int JaxparGuardAborts(int notify, int report, int code, int wait) {
   memset(&action, 0, sizeof action);
   action.sa_handler = OnAbort;
   sigemptyset(&action.sa_mask);
-  return sigaction(SIGABRT, &action, nullptr);
+  return sigaction(SIGABRT, &action, &before);
+}
+
+// SIGABRT as it was before JaxparGuardAborts (the run is over); closes the notice's pipe end.
+extern "C" void JaxparUnguardAborts() {
+  sigaction(SIGABRT, &before, nullptr);
+  if (notify_fd >= 0) close(notify_fd);
+  notify_fd = -1;
 }

@@ -9,8 +9,9 @@ the process's standard error (XLA's, gloo's, MPI's) to a log file, keeps Python'
 and its beacons, and ended the job with exit status 75.
 
     terminal = divert_stderr(Path("out/logs/rank-1.log"))   # C/C++ -> the log; sys.stderr stays
-    notice = guard_aborts(terminal, "jaxpar: ...")          # a pipe's read end, or None
+    notice = guard_aborts(terminal, "jaxpar: ...", 75)      # a pipe's read end, or None
     lost_in(log_text)                                       # what XLA's last status says
+    unguard(notice); restore_stderr()                       # the run is over
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
+_diverted: list[tuple[int, object]] = []  # (the terminal's descriptor, sys.stderr before)
+
+
 def divert_stderr(log: Path) -> int:
     """Point file descriptor 2 (what C and C++ write) at `log`, appending, and `sys.stderr`
     at the terminal it was. Returns the terminal's descriptor."""
@@ -47,9 +51,21 @@ def divert_stderr(log: Path) -> int:
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 2)
     os.close(fd)
+    _diverted.append((terminal, sys.stderr))
     sys.stderr = io.TextIOWrapper(io.FileIO(terminal, "w", closefd=False), encoding="utf-8",
                                   errors="backslashreplace", line_buffering=True, write_through=True)
     return terminal
+
+
+def restore_stderr() -> None:
+    """Undo the last `divert_stderr`: descriptor 2 and `sys.stderr` as they were."""
+    if not _diverted:
+        return
+    terminal, before = _diverted.pop()
+    sys.stderr.flush()
+    os.dup2(terminal, 2)
+    os.close(terminal)
+    sys.stderr = before
 
 
 def guard_aborts(report_fd: int, fallback: str, code: int) -> int | None:
@@ -68,6 +84,12 @@ def guard_aborts(report_fd: int, fallback: str, code: int) -> int | None:
         os.close(write)
         return None
     return read
+
+
+def unguard(notice: int) -> None:
+    """SIGABRT as before `guard_aborts` (which returned `notice`, closed here)."""
+    _library().JaxparUnguardAborts()
+    os.close(notice)
 
 
 def set_fallback(text: str) -> None:

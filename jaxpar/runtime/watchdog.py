@@ -202,14 +202,16 @@ def start(rank: int, size: int, exchange: Callable[[str], list[str]], timeout: f
 
     Args:
       exchange: every process's text by rank (an MPI allgather, jax.distributed's store).
-      log: where fd 2 went (`abort_guard.divert_stderr`): hold XLA's aborts and read their
-        status from it; None leaves aborts alone.
+      log: send what C and C++ write to standard error there (`abort_guard.divert_stderr`),
+        hold XLA's aborts and read their status from it; None leaves both alone. `stop`
+        undoes both.
     """
     global _dog
     stop()
     peers = Beacons.join(rank, size, exchange)
     notice = None
     if log is not None:
+        abort_guard.divert_stderr(log)
         fallback = (f"jaxpar ({peers.where(rank)}): jax.distributed ended this process; XLA's "
                     f"message: {log}. Ending the job (exit status {PeerLost.exit_code}).\n")
         notice = abort_guard.guard_aborts(sys.stderr.fileno(), fallback, PeerLost.exit_code)
@@ -226,6 +228,10 @@ def stop() -> None:
         dog.stopping = True
         dog.thread.join(timeout=2 * dog.interval + 1)
         dog.peers.close()
+        if dog.notice_fd is not None:
+            abort_guard.unguard(dog.notice_fd)
+        if dog.log is not None:
+            abort_guard.restore_stderr()
 
 
 def usage() -> dict[str, float] | None:

@@ -276,3 +276,24 @@ def test_the_thread_costs_next_to_nothing_and_says_so():
         watchdog.stop()
     assert watchdog.usage() is None
     assert 1.4 < used["running_s"] < 3 and 0 < used["thread_cpu_s"] < 0.01 * used["running_s"], used
+
+
+def test_after_the_run_stderr_and_aborts_are_as_they_were(tmp_path):
+    """`stop` undoes what `start` did with a log: descriptor 2 writes to the terminal again
+    (not the log), and an abort is an abort (SIGABRT), not a held one."""
+    try:
+        abort_guard._library()
+    except native.Unavailable as e:
+        pytest.skip(str(e))
+    log = tmp_path / "rank-0.log"
+    script = (f"import os, sys\nsys.path[:0] = [{str(ROOT / 'tests')!r}]\n"
+              "from runtime.test_watchdog import beacon_pair\nfrom jaxpar.runtime import watchdog\n"
+              "zero, one = beacon_pair()\n"
+              f"watchdog.start(0, 2, lambda text: [text, text], 5.0, __import__('pathlib').Path({str(log)!r}))\n"
+              "os.write(2, b'during\\n')\nwatchdog.stop()\nos.write(2, b'after\\n')\n"
+              "print('python after', file=sys.stderr, flush=True)\nos.abort()\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == -6, proc.stderr  # SIGABRT itself
+    assert "after\npython after\n" in proc.stderr and "during" not in proc.stderr
+    assert log.read_text() == "during\n"
