@@ -29,6 +29,7 @@ from experiments.publish import figures
 from experiments.publish import report as docs_report  # not `report`: jaxpar.bench's printout
 from experiments.studies import batch_size, bounds
 from experiments.studies.hparam import study as hparam
+from experiments.studies.faults import study as faults
 from experiments.studies.machine import study as machine
 from experiments.studies.network import study as network
 from experiments.studies.pipeline import study as pipeline_study
@@ -43,7 +44,7 @@ from jaxpar.errors import Diverged, UserError
 # Every study: a config dataclass (its flags), a quick preset and a run function.
 STUDIES = {s.name: s for s in (scaling.STUDY, pipeline_study.STUDY, hparam.STUDY, batch_size.STUDY,
                                 strategies.STUDY, time_to_accuracy.STUDY, peers.STUDY, bounds.STUDY,
-                                machine.STUDY, network.STUDY)}
+                                machine.STUDY, network.STUDY, faults.STUDY)}
 
 COMMANDS = {
     "train": {"help": "train one model with one strategy; writes OUT/result.json"},

@@ -17,6 +17,8 @@ line's flags with underscores (`batch_size=64` for `--batch-size 64`). docs/libr
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,7 +30,7 @@ import numpy as np
 from flax import nnx
 
 from jaxpar import data as datalib
-from jaxpar.runtime import distributed
+from jaxpar.runtime import distributed, watchdog
 from jaxpar import models, results
 from jaxpar import bench as benchlib
 from jaxpar.config import TrainConfig, with_options
@@ -203,6 +205,7 @@ def _started(config: TrainConfig, out: str | None, console) -> Iterator[Any]:
     print nothing)."""
     simulate_cpu_devices(config.parallel.devices)  # before JAX's backend starts
     validate_options(config)  # before processes join: every rank fails alike, none mid-start
+    distributed.set_collective_timeout(config.parallel.collective_timeout)  # heartbeat, sockets
     distributed.setup(distributed_mode(config), config.parallel.single_thread,
                       config.parallel.devices or 1)
     validate(config)  # every option and combination, before any work or write
@@ -211,12 +214,32 @@ def _started(config: TrainConfig, out: str | None, console) -> Iterator[Any]:
         results.ensure_writable(out)  # fail before the work, not after it
     console = console if distributed.is_main() else None
     announce_layout(config, console)
+    _watch(config, out)
     try:
         yield console
     except BaseException as e:
         if created and not isinstance(e, Diverged):
             _remove_if_empty(Path(out))  # a failed run leaves no folder behind
         raise
+    finally:
+        watchdog.stop()
+
+
+def _watch(config: TrainConfig, out: str | None) -> Path | None:
+    """In a multi-process run, start this process's watchdog (docs/faults.md): every wait for
+    another process bounded by --collective-timeout. Under jax.distributed, XLA's and the
+    other C/C++ messages of this process go to a log file (returned) whose aborts it explains,
+    OUT/logs/rank-R.log (or a temporary folder's without --out), until the run ends."""
+    found = distributed.world()
+    if found is None or not config.parallel.watchdog:
+        return None
+    rank, size, exchange = found
+    log = None
+    if jax.distributed.is_initialized():
+        folder = Path(out) / "logs" if out is not None else Path(tempfile.gettempdir()) / "jaxpar-logs"
+        log = folder / (f"rank-{rank}.log" if out is not None else f"{os.getpid()}-rank-{rank}.log")
+    watchdog.start(rank, size, exchange, config.parallel.collective_timeout, log)
+    return log
 
 
 def _save(result: results.RunResult, out: str | None, console, record: dict | None,

@@ -25,6 +25,7 @@ from jaxpar.optim import make_optimizer
 from jaxpar.parallel.pipeline.host import timeline as host_timeline
 from jaxpar.parallel.pipeline.schedules import timed_bubble
 from jaxpar.results import RunResult, capture_provenance, environment
+from jaxpar.runtime import watchdog
 from jaxpar.train import build_model, make_strategy
 from jaxpar.validate import validate
 
@@ -60,8 +61,9 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
     programs = strategy.compile("step", state, batch)  # also for K > 1: FLOPs of one step
     chained = strategy.compile("steps", state, (batch,) * k) if k > 1 else None
 
-    state, times, measured_wire = _time_steps(strategy, state, batch, chained is not None, k,
-                                              warmup, iters, wire)
+    with watchdog.armed(config.parallel.strategy):  # every timed wait bounded in a multi-process run
+        state, times, measured_wire = _time_steps(strategy, state, batch, chained is not None, k,
+                                                  warmup, iters, wire)
     median_s = sorted(times)[len(times) // 2]
     peak = measure.matmul_peak(list(mesh.devices.flat))["gflops"] if matmul_peak else None
     measured_timeline = _timeline(strategy, state, batch, median_s) if timeline else {}
@@ -81,6 +83,7 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
         "flops_loop_bodies_once": programs.has_loops,
         **accounting,
         "iters": iters,
+        "watchdog": watchdog.usage(),  # its thread's CPU seconds (None: no watchdog ran)
         **measured_timeline,
         **measured_wire,
         "wall_s": time.perf_counter() - wall_start,
@@ -117,6 +120,7 @@ def _time_steps(strategy, state, batch, chained: bool, k: int, warmup: int, iter
     holder = {"state": state}
 
     def one_call():
+        watchdog.progress()  # the call before this one was waited for
         if not chained:
             holder["state"], sums = strategy.step(holder["state"], batch)
         else:  # --steps-per-dispatch K: K steps per call, each timed as the call's K-th part

@@ -29,6 +29,8 @@ MOMENTUM = Rule(lambda v: math.isfinite(v) and 0 <= v < 1, "a number in [0, 1)")
 RESUME_AUTO = "auto"
 RESUME = Rule(lambda v: v in (True, False, RESUME_AUTO), f"--resume, --no-resume or --resume {RESUME_AUTO}")
 FRACTION = Rule(lambda v: math.isfinite(v) and 0 < v <= 1, "a fraction in (0, 1], e.g. 0.85")
+SECONDS = Rule(lambda v: math.isfinite(v) and v > 0,
+               "a number of seconds > 0, e.g. 30 (--no-watchdog turns the watchdog off)")
 
 
 def _opt(default: Any, help: str, valid: Rule | None = None, **extra: Any) -> Any:
@@ -86,6 +88,12 @@ class ParallelConfig:
     # None: stages balanced by XLA's FLOP count of each layer (jaxpar.parallel.pipeline.partition).
     stage_boundaries: tuple[int, ...] | None = _opt(None, "layer-split, pipeline, gems: the first layer of each stage after the first, e.g. 2,5 (default: balanced by FLOPs)")
     distributed: str = _opt("auto", "join processes with jax.distributed: auto (when launched by mpiexec/srun) | mpi | slurm | none")
+    # 30 s: far above a step's usual milliseconds to seconds (the watchdog refuses a bound under
+    # 10x the measured step), above a short link flap and TCP's retransmissions after it (a 3 s
+    # flap held a step up to ~6 s), and a lost host still ends the job within a minute
+    # (PyTorch's NCCL watchdog waits 10 minutes by default).
+    collective_timeout: float = _opt(30.0, "multi-process runs: the longest a wait for another process may last (a step's collectives and messages, an evaluation batch, a checkpoint; jax.distributed's heartbeat and the pipelines' sockets get a margin more); past it the job ends with exit status 75 naming the rank and host that went silent (docs/faults.md)", valid=SECONDS)
+    watchdog: bool = _opt(True, "multi-process runs: end a job stuck longer than --collective-timeout (a thread per process; --no-watchdog: off, e.g. to measure what it costs)")
     single_thread: bool = _opt(False, "one XLA thread per device, each process pinned to as many cores (rank r of D devices: cores r*D .. r*D+D-1, modulo the cores; honest rank and device scaling); CPU backend only")
 
 

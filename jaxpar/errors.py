@@ -2,7 +2,8 @@
 
 The bottom layer of the package: it imports nothing from jaxpar, so every module (the
 strategies below the loop included) can raise these without an import circle. The CLI prints
-their message alone, without a traceback, and exits with status 2.
+their message alone, without a traceback, and exits with status 2. A diverged run exits 3, and
+a multi-process job that lost a process (`PeerLost`) 75.
 """
 
 from __future__ import annotations
@@ -44,3 +45,13 @@ class Diverged(Exception):
             f"checkpointed from that state; the last good checkpoint, if any, is the one --resume "
             f"takes. Lower --lr (it was {lr:g}) or warm up (--lr-schedule warmup-cosine "
             "--warmup-steps N).")
+
+
+class PeerLost(Exception):
+    """Another process of a multi-process job went silent or away (a cut link, a lost host, a
+    killed rank): no wait for it finished within --collective-timeout, or the transport
+    between them failed. The watchdog (`jaxpar.runtime.watchdog`) ends the whole job with exit
+    status 75 (sysexits' EX_TEMPFAIL: the fault is the machine's, not the run's, and the same
+    command goes on from the latest checkpoint under --resume auto), naming who went silent."""
+
+    exit_code = 75

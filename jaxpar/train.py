@@ -36,12 +36,13 @@ import numpy as np
 from jaxpar import checkpoint as ckptlib
 from jaxpar import data as datalib
 from jaxpar import events
-from jaxpar.config import TrainConfig, to_dict
+from jaxpar.config import RESUME_AUTO, TrainConfig, to_dict
 from jaxpar.errors import ConfigError, Diverged
 from jaxpar import models
 from jaxpar.optim import make_optimizer
 from jaxpar.parallel import STRATEGIES
 from jaxpar.results import RESULT_FILE, RunResult, capture_provenance, environment
+from jaxpar.runtime import watchdog
 from jaxpar.step import SUMS, summarize
 from jaxpar import validate as validation  # the configuration's check (validation.validate)
 
@@ -72,6 +73,7 @@ def evaluate(strategy, state, split, batch_size: int) -> dict[str, float]:
     totals: dict[str, float] = {}
     for batch in datalib.eval_batches(split, batch_size):
         sums = strategy.host_sums(strategy.eval_step(state, strategy.place_batch(batch)))
+        watchdog.progress()  # a wait for the other processes ended
         for k, v in sums.items():
             totals[k] = totals.get(k, 0.0) + v
     return summarize(totals)
@@ -175,22 +177,36 @@ def fit(config: TrainConfig, console=None) -> Outcome:
     compiled = compile_programs(run, loop.state)
     events.log(config.events, "start", step=loop.step, total_steps=run.total_steps,
                batch_size=config.data.batch_size, strategy=run.strategy.describe(), **compiled)
-    try:
-        loop_epochs(run, loop)
-        if run.ckpt is not None and run.ckpt.last_saved != loop.step:
-            save_checkpoint(run, loop)
-    except Diverged as stop:
-        stop.result = diverged_result(run, loop, compiled, wall_start, stop)
-        events.log(config.events, "end", status="diverged", metrics=stop.result.metrics,
-                   message=str(stop), result=_result_path(config))
-        raise
-    finally:
-        if run.ckpt is not None:
-            run.ckpt.close()  # waits for the asynchronous writes (the good ones, on divergence)
-    result = make_result(run, loop, compiled, wall_start)
+    # Every wait for another process from here to the test split's last batch is bounded.
+    with watchdog.armed(config.parallel.strategy, functools.partial(resume_hint, run)):
+        try:
+            loop_epochs(run, loop)
+            if run.ckpt is not None and run.ckpt.last_saved != loop.step:
+                save_checkpoint(run, loop)
+        except Diverged as stop:
+            stop.result = diverged_result(run, loop, compiled, wall_start, stop)
+            events.log(config.events, "end", status="diverged", metrics=stop.result.metrics,
+                       message=str(stop), result=_result_path(config))
+            raise
+        finally:
+            if run.ckpt is not None:
+                run.ckpt.close()  # waits for the asynchronous writes (the good ones, on divergence)
+        result = make_result(run, loop, compiled, wall_start)
     events.log(config.events, "end", status="completed", metrics=result.metrics,
                result=_result_path(config))
     return Outcome(result, run.strategy, loop.state)
+
+
+def resume_hint(run: Run) -> str:
+    """How the same run goes on after a fault ended it (the watchdog's report)."""
+    if run.ckpt is None:
+        return ("Nothing was checkpointed: with --checkpoint-dir DIR --checkpoint-every N "
+                "--resume auto, the same command goes on after a fault from the latest checkpoint.")
+    saved = (f"step {run.ckpt.last_saved} in {run.ckpt.directory}" if run.ckpt.last_saved
+             else f"none yet in {run.ckpt.directory}: it starts over")
+    if run.config.resume == RESUME_AUTO:
+        return f"To go on, run the same command again: --resume auto continues from the latest checkpoint ({saved})."
+    return f"To go on, run the same command with --resume auto (latest checkpoint: {saved})."
 
 
 def _result_path(config: TrainConfig) -> str | None:
@@ -354,6 +370,7 @@ def drain(run: Run, loop: LoopState) -> None:
     loop.step_times.append(dt / len(window))
     loop.train_s += dt
     loop.pending = []
+    watchdog.progress(loop.step, dt, len(window))  # the steps' waits for other processes ended
 
 
 def record_validation(run: Run, loop: LoopState, epoch: int) -> None:
@@ -400,7 +417,9 @@ def save_checkpoint(run: Run, loop: LoopState):
     # The data order is a function of (seed, epoch): the step fixes the position in it.
     progress = {"epoch": loop.step // run.per_epoch, "position": loop.step % run.per_epoch,
                 "running": loop.running, "history": loop.history, "train_s": loop.train_s}
-    return run.ckpt.save(loop.step, ref, progress)
+    folder = run.ckpt.save(loop.step, ref, progress)
+    watchdog.progress()  # the state's gathers from other processes ended
+    return folder
 
 
 def finite(tree) -> bool:

@@ -47,6 +47,8 @@ SOURCES: dict[str, Source] = {
     "peers": Source("peers/peers.json", "peers", "`python -m experiments peers --out OUT` (needs the `peer` extra)"),
     "network": Source("network/network.json", "network",
                       "`python -m experiments network --out OUT` (as root: emulated hosts)"),
+    "faults": Source("faults/faults.json", "faults",
+                     "`python -m experiments faults --out OUT` (as root: emulated hosts)"),
     # One folder per machine measured, named after it.
     "machines": Source("machines/*/machine.json", "machine", "`python -m experiments machine --out OUT`"),
 }

@@ -22,6 +22,7 @@ from experiments.publish.measured_on import machine_line, machine_words
 from experiments.studies import batch_size, bounds
 from experiments.studies.hparam import tables as hparam_tables
 from experiments.studies.machine import tables as machine_tables
+from experiments.studies.faults import tables as faults_tables
 from experiments.studies.network import tables as network_tables
 from experiments.studies.pipeline import tables as pipeline_tables
 from experiments.studies.scaling import speedup
@@ -146,6 +147,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     **peers_tables.TABLES,
     **cost_tables.TABLES,
     **network_tables.TABLES,
+    **faults_tables.TABLES,
     **machine_tables.TABLES,
     # One line per results folder (the two training runs share theirs; each machine's row
     # names its own).

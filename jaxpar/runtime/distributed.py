@@ -10,11 +10,15 @@ Per-rank threads and pinning, a fault hook that aborts the whole MPI job, and
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
+import threading
 import time
+from typing import Callable
 
 from jaxpar import mesh as meshlib
+from jaxpar.config import ParallelConfig
 from jaxpar.runtime import optional
 from jaxpar.errors import ConfigError
 from jaxpar.runtime import gloo_poller
@@ -24,12 +28,35 @@ MODES = ("auto", "mpi", "slurm", "none")  # --distributed
 # job) before it reports the error itself: longer than rank 0 can lag behind at start-up.
 ONE_ERROR_GRACE_S = 5
 OUTPUT_GRACE_S = 0.5  # before an abort, for the launcher to forward what was printed
+# An MPI_Abort that cannot reach the launcher (its host cut off) may never return: the process
+# ends itself after this long.
+ABORT_WAIT_S = 5
 
 # Short on purpose: a missing or dead rank must end the job in tens of seconds, not JAX's
-# default 300 s initialisation / 100 s heartbeat / 300 s shutdown.
+# default 300 s initialisation / 100 s heartbeat / 300 s shutdown. The heartbeat's timeout is
+# the watchdog's backstop (`backstop_s`, from --collective-timeout), so that the watchdog
+# (`jaxpar.runtime.watchdog`), which says who went silent, acts first.
 INIT_TIMEOUT_S = 30
-HEARTBEAT_TIMEOUT_S = 10
 SHUTDOWN_TIMEOUT_S = 10
+_collective_timeout_s = ParallelConfig().collective_timeout  # this process's --collective-timeout
+
+
+def set_collective_timeout(seconds: float) -> None:
+    """This process's --collective-timeout, before anything waits for another process (the
+    watchdog's bound; jax.distributed's heartbeat and the p2p sockets take `backstop_s`)."""
+    global _collective_timeout_s
+    _collective_timeout_s = float(seconds)
+
+
+def collective_timeout_s() -> float:
+    return _collective_timeout_s
+
+
+def backstop_s() -> float:
+    """The timeouts behind the watchdog (jax.distributed's heartbeat, the pipelines' sockets):
+    twice the bound plus 5 s, past the watchdog's report, so that they end a job only where no
+    watchdog runs (--no-watchdog, a wait outside the loop) and a flap it lets pass passes."""
+    return 2 * _collective_timeout_s + 5
 
 INSTALL_HINT = f"install the `mpi` extra: {optional.MPI4JAX_INSTALL}"
 
@@ -104,17 +131,60 @@ def _mpi():
     return MPI
 
 
-def abort_job(code: int) -> None:
-    """End every rank of the MPI job now (MPI_Abort), or just this process without mpi4py."""
-    MPI = _mpi()
+def abort_job(code: int, start_mpi: bool = True) -> None:
+    """End every rank of the MPI job now (MPI_Abort), or just this process without MPI.
+
+    Args:
+      start_mpi: import mpi4py (MPI_Init) if no one has; False (the watchdog's thread) uses
+        only an MPI already started: under plain srun a job has none, and its processes end
+        one by one (srun -K, or each one's own watchdog).
+    """
+    MPI = _mpi() if start_mpi else _running_mpi()
+    sys.stdout.flush()
+    sys.stderr.flush()
     if MPI is not None:
         # The launcher forwards a rank's output on its own time: an abort straight after a
         # print lost it (the whole job's stderr empty, 2 runs in 30), so give it a moment.
-        sys.stdout.flush()
-        sys.stderr.flush()
         time.sleep(OUTPUT_GRACE_S)
+        fallback = threading.Timer(ABORT_WAIT_S, os._exit, (code,))
+        fallback.daemon = True
+        fallback.start()
         MPI.COMM_WORLD.Abort(code)
     os._exit(code)
+
+
+def _running_mpi():
+    """mpi4py's MPI module when MPI is initialized in this process, else None."""
+    MPI = sys.modules.get("mpi4py.MPI")
+    return MPI if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized() else None
+
+
+_exchanges = itertools.count()
+
+
+def world() -> tuple[int, int, Callable[[str], list[str]]] | None:
+    """(rank, size, exchange) of this multi-process run, or None alone: jax.distributed's
+    processes when it runs (texts swapped through its key-value store), else MPI's ranks (an
+    allgather). `exchange(text)` is a collective: every process's text, by rank."""
+    import jax  # imports JAX: only once a run is under way, after its threads and devices are set
+
+    if jax.distributed.is_initialized():
+        from jax._src import distributed as state  # the client is not public API
+
+        client, rank, size = state.global_state.client, jax.process_index(), jax.process_count()
+
+        def through_store(text: str) -> list[str]:
+            key = f"jaxpar/exchange/{next(_exchanges)}"
+            client.key_value_set(f"{key}/{rank}", text)
+            return [client.blocking_key_value_get(f"{key}/{r}", INIT_TIMEOUT_S * 1000)
+                    for r in range(size)]
+
+        return (rank, size, through_store) if size > 1 else None
+    if launcher() is None:
+        return None
+    MPI, _ = import_mpi()
+    comm = MPI.COMM_WORLD
+    return (comm.rank, comm.size, comm.allgather) if comm.size > 1 else None
 
 
 def report_user_error(message: str, code: int) -> None:
@@ -153,11 +223,13 @@ def install_abort_hook() -> None:
     sys.excepthook = hook
 
 
-def initialize(mode: str) -> None:
+def initialize(mode: str, heartbeat_s: float | None = None) -> None:
     """Join all processes into one JAX runtime (`jax.distributed`), with short timeouts.
 
     Args:
       mode: 'none' (do nothing), 'auto' (MPI or SLURM when launched by one), 'mpi' or 'slurm'.
+      heartbeat_s: how long a process may miss its heartbeats (the coordination service's
+        and each client's timeout) before XLA ends the job; default `backstop_s()`.
     """
     if mode == "none" or (mode == "auto" and launcher() is None):
         return
@@ -165,8 +237,10 @@ def initialize(mode: str) -> None:
     # imports JAX: after the process's threads and devices are set
     import jax
 
+    heartbeat_s = backstop_s() if heartbeat_s is None else heartbeat_s
+
     timeouts = dict(initialization_timeout=INIT_TIMEOUT_S,
-                    heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S,
+                    heartbeat_timeout_seconds=max(1, round(heartbeat_s)),
                     shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S)
     if kind == "slurm":
         jax.distributed.initialize(**timeouts)  # JAX reads SLURM's environment itself

@@ -25,9 +25,12 @@ without a compiler `unavailable()` says why and pipelines keep the host walk (`t
     done = links.flush(after=order)                    # every connection's sends written out
 
 Every wait is bounded: connecting by `CONNECT_TIMEOUT_S`, each write and receive by the
-sockets' `TIMEOUT_S` (SO_SNDTIMEO / SO_RCVTIMEO), a channel's receive and a flush by the
-same, after which the program fails with a message naming the peer's silence. A rank that
-dies is normally ended sooner by jax.distributed's heartbeat and the launcher.
+sockets' `timeout_s()` (SO_SNDTIMEO / SO_RCVTIMEO; TCP_USER_TIMEOUT for data the peer never
+acknowledges), a channel's receive and a flush by the same, after which the program fails
+with a message naming the peer's silence. That is the watchdog's backstop (twice
+--collective-timeout plus 5 s, `distributed.backstop_s`): the watchdog, which names the rank
+and host that went silent, normally ends the job first, and a link that flaps for less than
+the bound costs the connection nothing (TCP retransmits what was lost).
 """
 
 from __future__ import annotations
@@ -43,11 +46,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpar.runtime import native
+from jaxpar.runtime import distributed, native
 from jaxpar.parallel.transport import addresses
 
 SOURCE = Path(__file__).with_name("p2p.cc")
-TIMEOUT_S = 300  # one send or receive; a step's message waits at most one stage's work
+TIMEOUT_S: int | None = None  # one send, receive or flush; None: the watchdog's backstop
 CONNECT_TIMEOUT_S = 60
 BUFFER_BYTES = 4 << 20  # socket buffers: a micro-batch's activation fits (kernel caps apply)
 _SEND, _RECV, _FLUSH = "jaxpar_p2p_send", "jaxpar_p2p_recv", "jaxpar_p2p_flush"
@@ -55,6 +58,11 @@ _CHAN_SEND, _CHAN_RECV = "jaxpar_chan_send", "jaxpar_chan_recv"
 
 
 Unavailable = native.Unavailable  # the custom calls cannot be built or loaded here
+
+
+def timeout_s() -> int:
+    """Seconds one send, receive or flush may wait (`TIMEOUT_S`, else the watchdog's backstop)."""
+    return TIMEOUT_S if TIMEOUT_S is not None else int(distributed.backstop_s())
 
 
 def unavailable() -> str | None:
@@ -145,7 +153,7 @@ class Links:
         out, end = jax.ShapeDtypeStruct(spec.shape, spec.dtype), self.ends[peer]
         if isinstance(end, Ends):
             return jax.ffi.ffi_call(_CHAN_RECV, out, has_side_effect=True)(
-                after, channel=np.int64(end.into.id), timeout_s=np.int64(TIMEOUT_S))
+                after, channel=np.int64(end.into.id), timeout_s=np.int64(timeout_s()))
         return jax.ffi.ffi_call(_RECV, out, has_side_effect=True)(after, fd=np.int64(end.socket.fileno()))
 
     def flush(self, after: jax.Array) -> jax.Array:
@@ -156,7 +164,7 @@ class Links:
             if isinstance(end, Connection):
                 done = done + jax.ffi.ffi_call(_FLUSH, jax.ShapeDtypeStruct((), jnp.float32),
                                                has_side_effect=True)(
-                    after, outbox=np.int64(end.outbox), timeout_s=np.int64(TIMEOUT_S))
+                    after, outbox=np.int64(end.outbox), timeout_s=np.int64(timeout_s()))
         return done
 
 
@@ -198,11 +206,14 @@ def pair() -> tuple[Ends, Ends]:
 
 def _for_custom_calls(s: socket.socket) -> None:
     """Blocking (the custom calls read and write the descriptor directly), each call bounded
-    by the kernel's timeouts, no Nagle delay, buffers that hold a message."""
+    by the kernel's timeouts (TCP_USER_TIMEOUT: data unacknowledged that long fails the
+    connection, as a cut link's would), no Nagle delay, buffers that hold a message."""
     s.settimeout(None)
-    timeval = struct.pack("ll", TIMEOUT_S, 0)
+    timeval = struct.pack("ll", timeout_s(), 0)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 1000 * timeout_s())
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, BUFFER_BYTES)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, BUFFER_BYTES)

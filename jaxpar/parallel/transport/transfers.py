@@ -29,7 +29,8 @@ from jaxpar.parallel.transport import addresses
 
 # Passed to each pull and to `settle`'s barrier. The pull's own timeout did not end a wait
 # here (an id never offered: still waiting 30 s after a 2 s timeout); what bounds a wait for
-# a rank that died is jax.distributed's heartbeat timeout and the launcher (`distributed`).
+# a rank that died or went silent is the watchdog (--collective-timeout, `runtime.watchdog`),
+# behind it jax.distributed's heartbeat timeout and the launcher (`distributed`).
 PULL_TIMEOUT = datetime.timedelta(minutes=5)
 _count = 0  # transfers so far: the next one's id
 _pulled: list[jax.Array] = []  # pulled here since the last `settle`

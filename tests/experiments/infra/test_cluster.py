@@ -1,6 +1,9 @@
 """The emulated cluster (`experiments/infra/cluster.py`): hosts as network namespaces joined by
 rate-limited links, multi-process strategies across them equal `single`, a killed rank on
-another host ends the job, and nothing is left behind however a run ends.
+another host ends the job, and nothing is left behind however a run ends. Faults across the
+hosts, one strategy of each family at once: a 3 s flap survived, a cut link or a lost host
+ending every job within --collective-timeout (a cut one with exit 75, naming the silent host),
+and the job a cut ended going on with the same command to an uninterrupted run's loss.
 
 Needs root and network namespaces (skipped with the reason otherwise). The cross-host
 launch runs every multi-process strategy's equivalence test of tests/mpi and the bytes on the
@@ -9,7 +12,9 @@ wire; JAXPAR_CLUSTER_TESTS=all runs all of tests/mpi across the hosts (minutes).
     python -m pytest -q tests/experiments/infra/test_cluster.py
 """
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,9 +24,11 @@ import pytest
 
 import equivalence as eq
 from experiments.infra import cluster
+from experiments.studies.faults import study as faults
+from jaxpar.config import TrainConfig, with_options
 from jaxpar.models import param_count
-from jaxpar.train import build_model
-from jaxpar.errors import ConfigError, UserError
+from jaxpar.train import build_model, fit
+from jaxpar.errors import ConfigError, PeerLost, UserError
 from cross_host import CROSS_HOST, needs_mpi, needs_root
 from test_mpi_launch import ROOT, _rank_pid, mpi_env
 
@@ -202,3 +209,85 @@ def test_a_killed_rank_on_another_host_ends_the_job(hosts, tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
+
+
+# --- faults: a flap, a cut link, a lost host (jaxpar/runtime/watchdog.py, docs/faults.md) ---
+BOUND_S = 12  # --collective-timeout in these tests: above a 3 s flap and TCP's retransmissions
+
+
+@pytest.fixture
+def families(hosts, tmp_path):
+    """A job of every family at once (experiments.faults.FAMILIES: one strategy each, the
+    mechanism being shared within a family), training; the link up again and every job ended
+    after."""
+    launches = [faults.Launch(s, tmp_path / s, BOUND_S, "--steps", "100000", env=mpi_env())
+                for s in faults.FAMILIES]
+    try:
+        faults.until(launches, lambda l: l.steps() >= 10, "every family training", 420)
+        yield launches
+    finally:
+        faults.link(hosts["hosts"][1], "up")
+        for launch in launches:
+            launch.kill()
+
+
+@needs_root
+@needs_mpi
+def test_a_flap_is_survived_and_a_cut_link_ends_every_family_within_the_bound(hosts, families):
+    """Host 1's link down for 3 s and up again (a flap: no reset sent): every family trains
+    on. Then down for good (a cut link): every job ends within the bound (plus a beacon
+    interval and the report), exit 75, rank 0 naming rank 1 on host 1 as silent."""
+    host = hosts["hosts"][1]
+    flapped = faults.flap(families, host, 3)
+    assert all(f["survived"] for f in flapped.values()), flapped
+    for strategy, row in faults.cut(families, host, BOUND_S).items():
+        assert row["exit"] == PeerLost.exit_code and BOUND_S - 1 < row["end_s"] < BOUND_S + 6, (strategy, row)
+        assert row["names_host"] and re.match(
+            rf"jaxpar: {strategy} stopped at step \d+: no step finished for \d+ s "
+            rf"\(--collective-timeout {BOUND_S};.*rank 1 on {host} has been silent for", row["report"]), row
+
+
+@needs_root
+@needs_mpi
+def test_a_lost_host_ends_every_family_within_the_bound(hosts, families):
+    """Every process in host 1's namespace killed at once (kill -9: ranks, MPI's proxy): every
+    job ends within the bound, none left running on either host."""
+    for strategy, row in faults.lose(families, hosts["netns_inodes"][1], BOUND_S).items():
+        assert row["exit"] != 0 and row["end_s"] < BOUND_S + 6, (strategy, row)
+    deadline = time.monotonic() + 10
+    while cluster._processes(set(hosts["netns_inodes"])):
+        assert time.monotonic() < deadline, "processes left in the hosts after the jobs ended"
+        time.sleep(0.2)
+
+
+@needs_root
+@needs_mpi
+def test_a_job_a_cut_link_ended_goes_on_with_the_same_command(hosts, tmp_path):
+    """`mpi-allreduce` with checkpoints and --resume auto, its link cut after the first
+    checkpoint: it ends (75) saying to run the same command again; run again once the link is
+    back, it continues from the checkpoint and ends with the loss of an uninterrupted run."""
+    run = ["--steps", "300", "--optimizer", "sgd", "--lr-schedule", "constant",
+           "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "50", "--resume", "auto"]
+    first = faults.Launch("mpi-allreduce", tmp_path / "run", BOUND_S, *run, env=mpi_env())
+    try:
+        faults.until([first], lambda l: any(p.name.isdigit() for p in (tmp_path / "ckpt").glob("*")),
+                     "a first checkpoint", 300)
+        (row,) = faults.cut([first], hosts["hosts"][1], BOUND_S).values()
+    finally:
+        faults.link(hosts["hosts"][1], "up")
+        first.kill()
+    assert row["exit"] == PeerLost.exit_code
+    assert "To go on, run the same command again: --resume auto continues" in row["report"]
+    again = faults.Launch("mpi-allreduce", tmp_path / "run", BOUND_S, *run, env=mpi_env())  # the same command
+    try:
+        faults.until([again], lambda l: not l.alive(), "the same command to its end", 300)
+    finally:
+        again.kill()
+    assert again.proc.returncode == 0, again.stderr()[-2000:]
+    result = json.loads((tmp_path / "run/out/result.json").read_text())
+    assert result["metrics"]["resumed_from_step"] >= 50 and result["metrics"]["steps"] == 300
+    options = dict(model="mlp", width=16, depth=1, dataset="synthetic", synthetic_size=2000,
+                   val_size=0, batch_size=32, steps=300, optimizer="sgd", lr_schedule="constant",
+                   progress=False)
+    uninterrupted = fit(with_options(TrainConfig(), **options)).result.metrics["final_loss"]
+    assert result["metrics"]["final_loss"] == pytest.approx(uninterrupted, rel=1e-5)

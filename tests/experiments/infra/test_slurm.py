@@ -1,7 +1,9 @@
 """Launches through a real (single-node) SLURM cluster (`experiments/infra/slurm.py`): `srun -n 2`
 of an MPI strategy and of two jax.distributed ones (each rank's view, the result equal to
 `single`), a job killed mid-run and requeued by SLURM with `--resume auto` ending where an
-uninterrupted run ends, and no daemon left afterwards.
+uninterrupted run ends, the same for a job a silent task ended (jaxpar's watchdog: exit 75,
+and the job script requeues itself), a lost coordinator said in a sentence, and no daemon
+left afterwards.
 
 Needs root and Debian's slurm-wlm and munge (`make test` installs them as root); skipped
 with the reason otherwise.
@@ -10,6 +12,9 @@ with the reason otherwise.
 """
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -194,3 +199,98 @@ def test_a_requeued_job_resumes_and_ends_like_an_uninterrupted_run(env, tmp_path
     assert "resumed from step" in log and "--resume auto continues it" in log
     uninterrupted = fit(with_options(TrainConfig(), **run)).result.metrics["final_loss"]
     assert result["metrics"]["final_loss"] == uninterrupted
+
+
+# A job script that goes on after a fault (docs/faults.md): srun -K ends the step when a task
+# fails; jaxpar's status for a lost process is 75, and srun reports the highest status of its
+# tasks, so one that SLURM killed then reads 137: the script requeues itself on either.
+FAULT_JOB = """#!/bin/sh
+#SBATCH --requeue --open-mode=append -n 2
+srun --kill-on-bad-exit=1 {python} -m experiments train {flags} --collective-timeout 5 \\
+    --checkpoint-every 50 --resume auto --checkpoint-dir {dir}/ckpt --out {dir}/out
+status=$?
+case $status in 75|137) scontrol requeue $SLURM_JOB_ID ;; esac
+exit $status
+"""
+
+
+def _task(marker: str, rank: int) -> int | None:
+    """The process of SLURM task `rank` whose environment holds `marker`."""
+    for entry in Path("/proc").iterdir():
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            if (entry.name.isdigit() and marker.encode() in environ
+                    and f"SLURM_PROCID={rank}".encode() in environ
+                    and b"experiments" in (entry / "cmdline").read_bytes()):
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
+@needs_slurm
+def test_a_job_a_silent_task_ended_is_requeued_and_ends_like_an_uninterrupted_run(env, tmp_path):
+    """The fault script above, `dp-auto` on 2 tasks: task 1 stopped (SIGSTOP: alive and
+    silent) after the first checkpoint; task 0's watchdog ends the step within the bound,
+    exit 75 naming task 1; the job requeues itself, starts again, continues from the
+    checkpoint and ends with the loss of a run never interrupted."""
+    run = {**RUN, "steps": 400, "synthetic_size": 600, "batch_size": 16, "strategy": "dp-auto"}
+    script = tmp_path / "job.sh"
+    script.write_text(FAULT_JOB.format(python=sys.executable, flags=" ".join(flags(run)), dir=tmp_path))
+    marker = f"JAXPAR_TEST_JOB={tmp_path}"
+    job = subprocess.run(["sbatch", "--parsable", "-o", str(tmp_path / "job.log"), str(script)],
+                         cwd=ROOT, env={**env, "JAXPAR_TEST_JOB": str(tmp_path)}, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    ckpt, deadline = tmp_path / "ckpt", time.monotonic() + 300
+    while not any(p.name.isdigit() for p in ckpt.glob("*")) or _task(marker, 1) is None:
+        assert time.monotonic() < deadline and _job(env, job)["JobState"] in ("PENDING", "RUNNING"), \
+            (tmp_path / "job.log").read_text()[-2000:]
+        time.sleep(0.2)
+    os.kill(_task(marker, 1), signal.SIGSTOP)
+    while _job(env, job)["Restarts"] != "1":
+        assert time.monotonic() < deadline, (tmp_path / "job.log").read_text()[-2000:]
+        time.sleep(0.2)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True,
+                   capture_output=True)
+    while (state := _job(env, job))["JobState"] != "COMPLETED":
+        assert time.monotonic() < deadline and state["JobState"] not in ("FAILED", "CANCELLED"), state
+        time.sleep(0.2)
+    log = (tmp_path / "job.log").read_text()
+    assert re.search(r"^jaxpar: dp-auto stopped at step \d+: no step finished for \d+ s "
+                     r"\(--collective-timeout 5;.*rank 1 on \S+ has been silent", log, re.M), log[-3000:]
+    assert "task 0: Exited with exit code 75" in log
+    result = json.loads((tmp_path / "out/result.json").read_text())
+    assert result["metrics"]["resumed_from_step"] >= 50 and result["metrics"]["steps"] == 400
+    uninterrupted = fit(with_options(TrainConfig(), **{**run, "strategy": "single"})).result.metrics["final_loss"]
+    assert result["metrics"]["final_loss"] == pytest.approx(uninterrupted, rel=1e-5)
+
+
+@needs_slurm
+def test_a_lost_coordinator_is_said_in_a_sentence_and_its_stack_goes_to_the_log(env, tmp_path):
+    """`srun -n 2` of `dp-auto` (no -K), task 0 (the coordinator) killed mid-run: task 1's
+    jax.distributed client aborts (XLA: 'Terminating process ...', a C++ stack). Instead, task
+    1 says it lost the coordinator, rank 0, in a sentence and exits 75; XLA's lines are in its
+    log (OUT/logs/rank-1.log), not on the terminal."""
+    events, out = tmp_path / "events.jsonl", tmp_path / "out"
+    with open(tmp_path / "srun.log", "w") as log:
+        proc = subprocess.Popen(["srun", "-n", "2", sys.executable, "-m", "experiments", "train",
+                                 "--strategy", "dp-auto", *flags({**RUN, "steps": 100000}),
+                                 "--collective-timeout", "5", "--events", str(events), "--out", str(out)],
+                                cwd=ROOT, env={**env, "JAXPAR_TEST_JOB": str(tmp_path)}, stdout=log,
+                                stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while not (events.exists() and events.read_text().count('"event": "step"') >= 20):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "srun.log").read_text()[-2000:]
+            time.sleep(0.2)
+        os.kill(_task(f"JAXPAR_TEST_JOB={tmp_path}", 0), signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    said = (tmp_path / "srun.log").read_text()
+    assert "task 1: Exited with exit code 75" in said, said[-3000:]
+    assert re.search(r"^jaxpar \(rank 1 on \S+\): dp-auto stopped at step \d+: .*rank 0 on ", said, re.M), said[-3000:]
+    assert "Check failure stack trace" not in said and "Terminating process" not in said
+    assert "Terminating process" in (out / "logs" / "rank-1.log").read_text()

@@ -171,3 +171,25 @@ def test_no_compiler_is_said(tmp_path, monkeypatch):
     with pytest.raises(p2p.Unavailable, match="building p2p.cc failed"):
         native.build_library(p2p.SOURCE)
     assert not list(tmp_path.glob("*.so"))  # nothing half-written left behind
+
+
+def test_sockets_wait_at_most_the_watchdogs_backstop():
+    """Each send and receive (SO_SNDTIMEO, SO_RCVTIMEO) and data left unacknowledged
+    (TCP_USER_TIMEOUT) are bounded by the watchdog's backstop, twice --collective-timeout
+    plus 5 s: past the watchdog's own report, and past any flap it lets pass."""
+    import socket
+    import struct
+
+    from jaxpar.runtime import distributed
+
+    distributed.set_collective_timeout(10)
+    try:
+        assert p2p.timeout_s() == 25
+        with socket.create_server(("127.0.0.1", 0)) as server, \
+                socket.create_connection(server.getsockname()) as s:
+            p2p._for_custom_calls(s)
+            assert struct.unpack("ll", s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16))[0] == 25
+            assert struct.unpack("ll", s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, 16))[0] == 25
+            assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 25_000
+    finally:
+        distributed.set_collective_timeout(30)

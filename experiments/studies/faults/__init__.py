@@ -1,0 +1,1 @@
+"""The fault study: study.py (what it runs and writes), tables.py."""
