@@ -81,10 +81,11 @@ cluster-tools:
 	  fi; \
 	fi
 
-# tests/mpi runs under mpiexec from inside the suite (tests/test_mpi_launch.py: 2 ranks, then
-# 4, and 2 of 2 devices each), beside the other worker's files
+# tests/mpi runs under mpiexec from inside the suite (tests/test_mpi_launch.py: 2 ranks; test_mpi_worlds.py
+# 4, and 2 of 2 devices each), beside the other worker's files; --durations: the log names the
+# slowest tests (the whole run, installs included, is kept under 20 minutes)
 test: install $(VENV)/.mpi-installed $(VENV)/.demo-installed browser cluster-tools
-	$(PY) -m pytest -q -n 2 --dist loadfile $(ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

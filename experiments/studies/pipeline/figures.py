@@ -152,12 +152,14 @@ KIND_LABELS = {"F": "forward", "B": "backward", "F+B": "last stage: forward, los
                "I": "input gradient", "W": "weight gradient", "F+I": "last stage: forward, loss and input gradient"}
 
 
-def pipeline_timeline(result: dict, out: Path) -> Path:
+def pipeline_timeline(result: dict, out: Path) -> Path | None:
     """The measured timelines beside the tables: devices as rows, one box per stage program
     from when the device began it to when it finished (stamped on the device), labelled with
     its micro-batch; the measured idle fraction beside the schedule's bubble."""
+    timelines = result["metrics"].get("timelines")
+    if not timelines:  # --no-measure
+        return None
     plt = pyplot()
-    timelines = result["metrics"]["timelines"]
     fig, axes = plt.subplots(len(timelines), 1, figsize=(12, 1.6 + 1.3 * len(timelines)), squeeze=False)
     for ax, (name, tl) in zip(axes[:, 0], timelines.items()):
         work = [e for e in tl["events"] if e["kind"] in KIND_COLORS]

@@ -199,7 +199,9 @@ def run(config: PipelineConfig) -> list[Path]:
     counts, measured = planned_microbatches(config)
     planned = {(s, m): schedule_point(config, s, m) for s in schedules.GENERATORS
                for m in counts_for(s, config.stages, measured)}
-    timed = {f"{s}, M={m}": timeline_point(config, s, m) for s in schedules.GENERATORS if config.timeline_stages
+    # --no-measure: the tables alone, no timeline either
+    timed = {f"{s}, M={m}": timeline_point(config, s, m) for s in schedules.GENERATORS
+             if config.timeline_stages and config.measure
              for m in counts_for(s, config.timeline_stages, list(config.timeline_microbatches))}
     reference = [single_point(config)] if planned else []
     by_folder = points.run_rounds([*reference, *planned.values()], config.rounds, config.out,
