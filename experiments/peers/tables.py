@@ -153,18 +153,43 @@ def peers_findings(data_dir: Path) -> str:
     return bullets(lines)
 
 
+SCHEDULE_WORDS = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "interleaved 1F1B",
+                  "looped-bfs": "looped BFS", "zb-h1": "ZB-H1", "zbv": "ZBV", "dualpipev": "DualPipeV"}
+
+
+def _runs(rows: dict, kind: str, schedules: list[str]) -> dict[str, dict]:
+    """{schedule: row} of one jaxpar configuration kind (e.g. 'jaxpar-mpi-pipeline')."""
+    return {s: rows[f"{kind}-{s}"] for s in schedules if f"{kind}-{s}" in rows}
+
+
+def _over_peer(rows: dict, runs: dict[str, dict], what: str) -> str:
+    return (f"{what}: " + ", ".join(
+        f"{times(r['ratio_vs_peer'])} under {SCHEDULE_WORDS[s]} ({r['ms_per_step']:.1f} ms against "
+        f"{rows[r['peer']]['ms_per_step']:.1f})" for s, r in runs.items())) if runs else ""
+
+
+def _against_1f1b(runs: dict[str, dict], what: str) -> str:
+    """Each schedule's step against 1F1B's on the same runtime: what a schedule buys."""
+    if "1f1b" not in runs or len(runs) < 2:
+        return ""
+    base = runs["1f1b"]["ms_per_step"]
+    return (f"{what}, each schedule's step against 1F1B's ({base:.1f} ms): " + ", ".join(
+        f"{SCHEDULE_WORDS[s]} {100 * (r['ms_per_step'] / base - 1):+.1f}%" for s, r in runs.items() if s != "1f1b"))
+
+
 def peers_mp_findings(data_dir: Path, aim: float = 1.5) -> str:
-    """jaxpar's model parallelism over PyTorch's, per configuration, and what meets `aim`."""
+    """jaxpar's model parallelism over PyTorch's, per configuration, what meets `aim`, and
+    each schedule against 1F1B on the same ranks."""
     mp = sources.load_source(data_dir, "peers")["metrics"]["model_parallel"]
     rows = {r["config"]: r for r in mp["rows"]}
     jaxpar = [r for r in mp["rows"] if r["peer"]]
-    pair = lambda kind: [rows[f"{kind}-{s}"] for s in mp["config"]["schedules"] if f"{kind}-{s}" in rows]  # noqa: E731
-    said = lambda rs, what: (f"{what}: " + " and ".join(  # noqa: E731
-        f"{times(r['ratio_vs_peer'])} under {r['config'].rsplit('-', 1)[1].upper().replace('GPIPE', 'GPipe')} "
-        f"({r['ms_per_step']:.1f} ms against {rows[r['peer']]['ms_per_step']:.1f})" for r in rs)) if rs else ""
-    lines = [said(pair("jaxpar-mpi-pipeline"), "`mpi-pipeline`, a stage per MPI rank, over PyTorch's pipelining"),
-             said(pair("jaxpar-pipeline-ranks"), "`pipeline` on one jax.distributed mesh over the 2 ranks"),
-             said(pair("jaxpar-pipeline-devices"), "`pipeline` on 2 simulated devices in one process")]
+    schedules = mp["config"]["schedules"]
+    kinds = {"jaxpar-mpi-pipeline": "`mpi-pipeline`, a stage per MPI rank",
+             "jaxpar-pipeline-ranks": "`pipeline` on one jax.distributed mesh over the 2 ranks",
+             "jaxpar-pipeline-devices": "`pipeline` on 2 simulated devices in one process"}
+    lines = [_over_peer(rows, _runs(rows, k, schedules), f"{what}, over PyTorch's pipelining")
+             for k, what in kinds.items()]
+    lines += [_against_1f1b(_runs(rows, k, schedules), what) for k, what in kinds.items()]
     if "jaxpar-tensor-ranks" in rows:
         r = rows["jaxpar-tensor-ranks"]
         lines.append(f"`tensor` over the 2 ranks: {times(r['ratio_vs_peer'])} DTensor's split "

@@ -79,7 +79,7 @@ def _schedule_lines(axes, data: dict) -> None:
         if any(r.get("state_bytes") for r in timed):
             mem.plot([r["M"] for r in timed], [r["state_bytes"] / 2 ** 20 for r in timed], ls=":",
                      color=style["color"])
-    for names, line, label in ((schedules.SCHEDULES, "k--", "(S-1)/(M+S-1)"),
+    for names, line, label in ((("gpipe", "1f1b"), "k--", "(S-1)/(M+S-1)"),  # the others: their own lists
                                ((GEMS,), "g:", "(S-2)/(2M+S-2)")):
         theory = sorted({(r["M"], r["theory"]) for r in data["rows"] if r["schedule"] in names})
         if theory:

@@ -67,9 +67,10 @@ def pipeline_findings(data_dir: Path) -> str:
                      + f" (1F1B {percent(max(of('1f1b'), key=lambda r: r['M'])['bubble'])} at its largest M).")
     timed = [r for r in rows if r.get("images_per_sec")]
     if timed:
-        first, last = min(r["M"] for r in timed), max(r["M"] for r in timed)
+        first = min(r["M"] for r in timed)
         at = lambda name, k: next(r for r in timed if r["schedule"] == name and r["M"] == k)  # noqa: E731
-        ends = {name: (at(name, min(r["M"] for r in of(name))), at(name, last))
+        ends = {name: (at(name, min(r["M"] for r in timed if r["schedule"] == name)),
+                       at(name, max(r["M"] for r in timed if r["schedule"] == name)))
                 for name in dict.fromkeys(r["schedule"] for r in timed)}
         lines.append("Activations per device: " + "; ".join(
             f"{name} {_mib(a):.1f} MiB at M = {a['M']}, {_mib(b):.1f} at M = {b['M']}" for name, (a, b) in ends.items())
@@ -79,7 +80,7 @@ def pipeline_findings(data_dir: Path) -> str:
             ones = [r for r in timed if r["M"] == first]
             lines.append(f"At M = {first} the pipelines run {span([r['images_per_sec'] / single for r in ones], '.2f', 'x')} "
                          f"`single` on one device at the same batch ({listing([num(r['images_per_sec']) for r in ones])} "
-                         f"against {num(single)} images/s); throughput then falls with M: " + "; ".join(
+                         f"against {num(single)} images/s); from the smallest timed M to the largest: " + "; ".join(
                              f"{name} from {num(a['images_per_sec'])} to {num(b['images_per_sec'])}"
                              for name, (a, b) in ends.items()) + " images/s.")
         spread = {(r["schedule"], r["M"]): max(r["step_ms_rounds"]) / min(r["step_ms_rounds"]) - 1
@@ -88,8 +89,9 @@ def pipeline_findings(data_dir: Path) -> str:
             (name, k) = max(spread, key=spread.get)
             lines.append(f"A point's rounds spread by up to {percent(spread[(name, k)])} ({name} at M = {k}: "
                          f"{span(at(name, k)['step_ms_rounds'], '.0f', ' ms')}).")
-        if of(GEMS):
-            lines.append(f"GEMS moves {mb(of(GEMS)[-1]['moved_bytes'])} MB a step: each stage's gradient to the "
+        moved = [r["moved_bytes"] for r in of(GEMS) if r.get("moved_bytes")]  # its timed M's
+        if moved:
+            lines.append(f"GEMS moves {mb(moved[-1])} MB a step: each stage's gradient to the "
                          "stage's other copy.")
     lines += [_timeline_line(name, tl) for name, tl in m.get("timelines", {}).items()]
     cut = _timeline_cut(data_dir, m)
@@ -120,8 +122,9 @@ def _timeline_cut(data_dir: Path, m: dict) -> str:
     flops = results.load(path).strategy.get("stage_flops_per_example")
     if not flops:
         return ""
-    return (f"The timelines' {timelines[0]['model']} puts {percent(flops[0] / sum(flops))} of its FLOPs on "
-            "stage 0, so device 0 is the busy one under every schedule.")
+    shares = ", ".join(f"stage {k} {percent(f / sum(flops))}" for k, f in enumerate(flops))
+    first = next(iter(m["timelines"]))
+    return f"The timelines' {timelines[0]['model']} cut by FLOPs into stages ({first}): {shares} of its FLOPs."
 
 
 TABLES = {"pipeline": pipeline_table, "pipeline-findings": pipeline_findings}
