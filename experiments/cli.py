@@ -12,6 +12,7 @@ field, so none is written twice. Two kinds of dataclass have flags:
 from __future__ import annotations
 
 import argparse
+import pathlib
 import dataclasses
 from typing import Any
 
@@ -222,3 +223,13 @@ def node_carry_arguments(parser, carry: str) -> None:
     parser.add_argument("command", choices=NODE_CARRY_ACTIONS)
     parser.add_argument("--carry", default=carry, help=f"the carried folder (default {carry})")
     parser.add_argument("--no-mpi", action="store_true", help="prepare: carry oneDNN alone")
+
+
+def revisions_arguments(parser: argparse.ArgumentParser, benches: dict) -> None:
+    """The flags of `python -m experiments.infra.revisions` (two checkouts alternated)."""
+    parser.add_argument("--old", type=pathlib.Path, required=True, help="the checkout before the change")
+    parser.add_argument("--new", type=pathlib.Path, required=True, help="the checkout after it")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--configs", default=",".join(benches), help=f"of {', '.join(benches)}")
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--timeout", type=float, default=900, help="seconds a bench process may run")

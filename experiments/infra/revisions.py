@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from experiments.cli import revisions_arguments
 from experiments.points.mpi import mpiexec
 from experiments.publish.markdown import markdown
 from jaxpar import results
@@ -27,7 +28,7 @@ from jaxpar import results
 COMMON = ["--model", "cnn", "--dataset", "synthetic", "--iters", "20", "--warmup", "3", "--no-matmul-peak"]
 PIPELINE = ["--strategy", "pipeline", "--devices", "2", "--mesh", "stage=2", "--microbatches", "8"]
 # name: (ranks or None for one process, bench's options beside COMMON)
-CONFIGS = {
+BENCHES = {
     "single": (None, ["--strategy", "single"]),
     "dp-shard-map": (None, ["--strategy", "dp-shard-map", "--devices", "2"]),
     "pipeline-gpipe": (None, [*PIPELINE, "--schedule", "gpipe"]),
@@ -41,7 +42,7 @@ CONFIGS = {
 def bench(tree: Path, name: str, folder: Path, timeout: float) -> float:
     """The median step (ms) of `name` benched from checkout `tree` into `folder` (reused when there)."""
     if not (folder / results.RESULT_FILE).exists():
-        ranks, options = CONFIGS[name]
+        ranks, options = BENCHES[name]
         cmd = [sys.executable, "-m", "experiments", "bench", *COMMON, *options, "--out", str(folder.resolve())]
         if ranks:
             cmd = [str(mpiexec()), "-n", str(ranks), *cmd]
@@ -63,7 +64,7 @@ def alternate(trees: dict[str, Path], names: list[str], rounds: int, out: Path, 
     return got
 
 
-def table(got: dict) -> str:
+def ab_table(got: dict) -> str:
     rows = []
     for n, sides in got.items():
         old, new = statistics.median(sides["old"]), statistics.median(sides["new"])
@@ -75,16 +76,11 @@ def table(got: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.infra.revisions", description=__doc__.split("\n")[0])
-    parser.add_argument("--old", type=Path, required=True, help="the checkout before the change")
-    parser.add_argument("--new", type=Path, required=True, help="the checkout after it")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"of {', '.join(CONFIGS)}")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--timeout", type=float, default=900, help="seconds a bench process may run")
+    revisions_arguments(parser, BENCHES)
     args = parser.parse_args(argv)
     names = args.configs.split(",")
-    if bad := [n for n in names if n not in CONFIGS]:
-        parser.error(f"--configs {','.join(bad)}: choose from {', '.join(CONFIGS)}")
+    if bad := [n for n in names if n not in BENCHES]:
+        parser.error(f"--configs {','.join(bad)}: choose from {', '.join(BENCHES)}")
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
     trees = {"old": args.old, "new": args.new}
@@ -92,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     got = alternate(trees, names, args.rounds, out, args.timeout)
     revs = {side: subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=t, capture_output=True,
                                  text=True).stdout.strip() for side, t in trees.items()}
-    summary = table(got) + f"\n\n*old:* {revs['old']}, *new:* {revs['new']}; {args.rounds} alternated rounds.\n"
+    summary = ab_table(got) + f"\n\n*old:* {revs['old']}, *new:* {revs['new']}; {args.rounds} alternated rounds.\n"
     results.write_atomic(out / "revisions.json", json.dumps({"revisions": revs, "ms": got}, indent=1) + "\n")
     results.write_atomic(out / "summary.md", summary)
     print(summary)

@@ -63,6 +63,7 @@ def test_every_schedule_equivalent_to_single(comm, stack_reference, stack_config
     _equivalent_to_single(comm, stack_reference, stack_config, strategy, {"schedule": schedule, **options})
 
 
+@pytest.mark.parametrize("strategy", ["pipeline", "layer-split"])
 def test_a_process_holding_one_stage_runs_its_step_as_one_program(stack_config, strategy):
     """One device per process: each step is one program per process (its stage), its messages inside
     it (`host.column`, `p2p`; equal to single above); with more devices per process the host

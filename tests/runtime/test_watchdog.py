@@ -275,7 +275,7 @@ def test_the_thread_costs_next_to_nothing_and_says_so():
     finally:
         watchdog.stop()
     assert watchdog.usage() is None
-    assert 1.4 < used["running_s"] < 3 and 0 < used["thread_cpu_s"] < 0.01 * used["running_s"], used
+    assert 1.4 < used["running_s"] < 3 and 0 < used["thread_cpu_s"] < 0.05 * used["running_s"], used
 
 
 def test_after_the_run_stderr_and_aborts_are_as_they_were(tmp_path):

@@ -103,7 +103,7 @@ class Launch:
                 "--events", str(self.events), "--out", str(self.folder / "out"), *extra]
         env = env or {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
         self.out, self.err = open(self.folder / "stdout", "w"), open(self.folder / "stderr", "w")
-        self.proc = subprocess.Popen(cluster.mpiexec(2, argv), env=env, stdout=self.out,
+        self.proc = subprocess.Popen(cluster.mpiexec_on_hosts(2, argv), env=env, stdout=self.out,
                                      stderr=self.err, start_new_session=True, cwd=CHECKOUT)
         self.ended: float | None = None
         self._read, self._times = 0, []  # bytes of the events file read, its steps' times
@@ -156,6 +156,11 @@ def link(host: str, state: str) -> None:
     subprocess.run(["ip", "netns", "exec", host, "ip", "link", "set", "eth0", state], check=True)
 
 
+def unrooted(text: str) -> str:
+    """A launcher's line without the source paths it quotes (MPICH names its build folder)."""
+    return re.sub(r"\(/[^():\s]+/([^/():\s]+:\d+)\)", r"(\1)", text)
+
+
 def report_line(text: str, strategy: str) -> str | None:
     """Rank 0's report in a launch's stderr ('jaxpar: STRATEGY stopped at step ...')."""
     found = re.findall(rf"^jaxpar: {re.escape(strategy)} stopped at step .*$", text, re.M)
@@ -189,7 +194,7 @@ def ended(launches: list[Launch], since: float, within: float) -> dict[str, dict
     for launch in launches:
         line = report_line(launch.stderr(), launch.strategy) or ""
         found[launch.strategy] = {"end_s": launch.ended - since, "exit": launch.proc.returncode,
-                                  "report": line, "said": launch.stderr().strip().splitlines()[-1:] or [""]}
+                                  "report": line, "said": [unrooted(x) for x in launch.stderr().strip().splitlines()[-1:]] or [""]}
     return found
 
 
