@@ -185,6 +185,16 @@ def test_two_rank_pipeline_checkpoint_resumes_on_one_process_with_single(tmp_pat
     eq.assert_tree_close(want, got, what="state at step 20")
 
 
+def wait_for_steps(proc, events: Path, steps: int, marker: str = '"step"', within: float = 240,
+                   poll: float = 0.5) -> None:
+    """Until the job's --events file has logged `steps` lines holding `marker`; the job ending
+    first, or `within` seconds passing, fails the test with its stderr's tail."""
+    deadline = time.monotonic() + within
+    while not (events.exists() and events.read_text().count(marker) >= steps):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+        time.sleep(poll)
+
+
 def _descendant(pid: int, ancestor: int) -> bool:
     while pid > 1:
         if pid == ancestor:
@@ -220,10 +230,7 @@ def test_a_killed_rank_ends_the_job_within_seconds(tmp_path):
         cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
-        deadline = time.monotonic() + 240
-        while not (events.exists() and events.read_text().count('"step"') >= 3):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
-            time.sleep(0.5)
+        wait_for_steps(proc, events, 3)
         victim = _rank_pid(proc.pid, 1)
         assert victim is not None
         killed = time.monotonic()

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from jaxpar.errors import PeerLost
-from test_mpi_launch import MPIEXEC, ROOT, _rank_pid, mpi_env, needs_mpiexec
+from test_mpi_launch import MPIEXEC, ROOT, _rank_pid, mpi_env, needs_mpiexec, wait_for_steps
 
 BOUND_S = 5
 TINY_RUN = ["--model", "mlp", "--width", "16", "--depth", "1", "--dataset", "synthetic",
@@ -35,10 +35,7 @@ def stop_rank_mid_run(strategy: str, tmp_path, *extra: str) -> tuple[subprocess.
         cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
-        deadline = time.monotonic() + 240
-        while not (events.exists() and events.read_text().count('"event": "step"') >= 30):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
-            time.sleep(0.2)
+        wait_for_steps(proc, events, 30, marker='"event": "step"', poll=0.2)
         victim = _rank_pid(proc.pid, 1)
         assert victim is not None
         os.kill(victim, signal.SIGSTOP)

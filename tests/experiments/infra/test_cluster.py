@@ -30,7 +30,7 @@ from jaxpar.models import param_count
 from jaxpar.train import build_model, fit
 from jaxpar.errors import ConfigError, PeerLost, UserError
 from cross_host import CROSS_HOST, needs_mpi, needs_root
-from test_mpi_launch import ROOT, _rank_pid, mpi_env
+from test_mpi_launch import ROOT, _rank_pid, mpi_env, wait_for_steps
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -193,10 +193,7 @@ def test_a_killed_rank_on_another_host_ends_the_job(hosts, tmp_path):
         cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
-        deadline = time.monotonic() + 240
-        while not (events.exists() and events.read_text().count('"step"') >= 3):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
-            time.sleep(0.5)
+        wait_for_steps(proc, events, 3)
         victim = _rank_pid(proc.pid, 1)
         assert victim is not None
         assert os.stat(f"/proc/{victim}/ns/net").st_ino == hosts["netns_inodes"][1]
