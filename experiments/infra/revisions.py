@@ -65,13 +65,17 @@ def alternate(trees: dict[str, Path], names: list[str], rounds: int, out: Path, 
 
 
 def ab_table(got: dict) -> str:
+    """Per config: each side's rounds and median, the ratio of the medians, and the median of
+    the rounds' own ratios (each round runs both sides back to back, so a slow spell of the
+    machine falls on both: the paired ratio is the steadier of the two)."""
     rows = []
     for n, sides in got.items():
         old, new = statistics.median(sides["old"]), statistics.median(sides["new"])
+        paired = statistics.median(b / a for a, b in zip(sides["old"], sides["new"]))
         rows.append([n, ", ".join(f"{x:.2f}" for x in sides["old"]), ", ".join(f"{x:.2f}" for x in sides["new"]),
-                     f"{old:.2f}", f"{new:.2f}", f"{new / old:.3f}"])
+                     f"{old:.2f}", f"{new:.2f}", f"{new / old:.3f}", f"{paired:.3f}"])
     return markdown(["config", "old: ms/step by round", "new: ms/step by round", "median old",
-                     "median new", "new / old"], rows)
+                     "median new", "new / old", "median of round ratios"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:

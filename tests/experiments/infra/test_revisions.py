@@ -1,5 +1,5 @@
 """Two checkouts alternated (`experiments/infra/revisions.py`): options checked before any work,
-each round's stored result reused, the table's medians and ratio from the rounds.
+each round's stored result reused, the table's medians, their ratio and the rounds' median ratio.
 
     python -m pytest -q tests/experiments/infra/test_revisions.py
 """
@@ -27,4 +27,4 @@ def test_stored_rounds_are_read_back_and_tabled(tmp_path):
             results.save(results.RunResult(kind="bench", config={}, env={}, metrics={"step_time_ms_median": x}), folder)
     got = revisions.alternate({"old": tmp_path / "nowhere", "new": tmp_path / "nowhere"}, ["single"], 3, tmp_path, 1)
     assert got == {"single": {"old": [10.0, 12.0, 11.0], "new": [10.5, 11.0, 12.5]}}
-    assert "| single | 10.00, 12.00, 11.00 | 10.50, 11.00, 12.50 | 11.00 | 11.00 | 1.000 |" in revisions.ab_table(got)
+    assert "| single | 10.00, 12.00, 11.00 | 10.50, 11.00, 12.50 | 11.00 | 11.00 | 1.000 | 1.050 |" in revisions.ab_table(got)  # rounds: 1.05, 0.92, 1.14

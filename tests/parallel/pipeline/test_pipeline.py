@@ -42,25 +42,27 @@ def test_stack_mlp_equals_single(schedule, stages, micro, impl):
 
 
 # Each formulation with each schedule runs the stack-mlp above; a model's own layers meet each
-# formulation once, under one schedule each (the suite's time).
-PAIRED = [("spmd", "gpipe"), ("mpmd", "1f1b")]
+# formulation under one schedule (the suite's time): SPMD with GPipe, one program per stage
+# with 1F1B, each cut into 2 stages and into 4 by one of them.
+SPMD, MPMD = ("spmd", "gpipe"), ("mpmd", "1f1b")
 
 
-@pytest.mark.parametrize("impl,schedule", PAIRED)
-@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("stages,impl,schedule", [(2, *SPMD), (4, *MPMD)])
 def test_vit_equals_single(schedule, stages, impl):
     cfg = eq.config(strategy="pipeline", mesh=f"stage={stages}", microbatches=4, schedule=schedule,
                     pipeline_impl=impl, **VIT)
     eq.assert_equivalent(reference("vit"), eq.run(cfg, steps=5, devices=stages))
 
 
-SEED_CUTS = [("mlp", 2, None), ("mlp", 4, None), ("cnn", 2, None), ("cnn", 4, None),
-             ("resnet", 2, None), ("resnet", 4, None), ("cnn", 2, (1,)), ("resnet", 3, (2, 3))]
+# Every model meets both formulations, on 2 stages under one and 4 under the other; the cuts
+# by --stage-boundaries once each.
+SEED_CUTS = [("mlp", 2, None, *SPMD), ("mlp", 4, None, *MPMD), ("cnn", 2, None, *MPMD),
+             ("cnn", 4, None, *SPMD), ("resnet", 2, None, *SPMD), ("resnet", 4, None, *MPMD),
+             ("cnn", 2, (1,), *SPMD), ("resnet", 3, (2, 3), *MPMD)]
 
 
 @requires_devices(4)
-@pytest.mark.parametrize("impl,schedule", PAIRED)
-@pytest.mark.parametrize("model,stages,boundaries", SEED_CUTS)
+@pytest.mark.parametrize("model,stages,boundaries,impl,schedule", SEED_CUTS)
 def test_seed_models_equal_single(schedule, model, stages, boundaries, impl):
     cfg = pc.config(model, strategy="pipeline", mesh=f"stage={stages}", microbatches=4,
                     schedule=schedule, stage_boundaries=boundaries, pipeline_impl=impl)
