@@ -123,3 +123,14 @@ def test_readme_is_a_front_page_linking_only_inside_the_repository():
                 assert anchor in anchors(linked), f"{page.relative_to(ROOT)}: no #{anchor} in {target or 'itself'}"
         for outside in ("shared folder", "DESIGN.md", "STYLE.md", "DEVELOPERS.md", "/work/"):
             assert outside not in text, f"{page.relative_to(ROOT)} refers to {outside!r} outside the repository"
+
+
+def test_the_bounds_verdict_names_the_misses_and_when_most_miss_what_is_within():
+    from experiments.publish.tables import bounds_verdict
+
+    row = lambda label, met, ratio=1.2: {"label": label, "devices": 2, "met": met, "ratio": ratio, "limit": 1.3}  # noqa: E731
+    assert bounds_verdict([row("single", None), row("a", True), row("b", True)]) == "every strategy within its limit"
+    few = bounds_verdict([row("a", True), row("b", True), row("c", False, 1.4)])
+    assert few == "every strategy within its limit but c on 2 (1.40x against 1.3x)"
+    most = bounds_verdict([row("a", True), row("b", False, 1.4), row("c", False, 1.5)])
+    assert most == "2 of 3 over their limits (b on 2 1.40x against 1.3x, c on 2 1.50x against 1.3x); within: a on 2"
