@@ -209,7 +209,7 @@ FAULT_JOB = """#!/bin/sh
 srun --kill-on-bad-exit=1 {python} -m experiments train {flags} --collective-timeout 5 \\
     --checkpoint-every 50 --resume auto --checkpoint-dir {dir}/ckpt --out {dir}/out
 status=$?
-case $status in 75|137) scontrol requeue $SLURM_JOB_ID ;; esac
+case $status in 75|137|143) scontrol requeue $SLURM_JOB_ID ;; esac
 exit $status
 """
 
