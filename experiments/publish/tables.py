@@ -94,13 +94,11 @@ def bounds_verdict(rows: list[dict]) -> str:
     missed = [r for r in judged if r["met"] is False]
     if not missed:
         return "every strategy within its limit"
+    misses = [f"{r['label']} on {r['devices']} ({times(r['ratio'])} against {r['limit']}x)" for r in missed]
     if 3 * len(missed) <= len(judged):
-        return "every strategy within its limit but " + ", ".join(
-            f"{r['label']} on {r['devices']} ({times(r['ratio'])} against {r['limit']}x)" for r in missed)
+        return "every strategy within its limit but " + ", ".join(misses)
     met = [f"{r['label']} on {r['devices']}" for r in judged if r["met"]]
-    return (f"{len(missed)} of {len(judged)} over their limits ("
-            + ", ".join(f"{r['label']} on {r['devices']} {times(r['ratio'])} against {r['limit']}x" for r in missed)
-            + "); within: " + (", ".join(met) or "none"))
+    return f"{len(missed)} of {len(judged)} over their limits: {', '.join(misses)}; within: {', '.join(met) or 'none'}"
 
 
 def _described(data_dir: Path, folder: str) -> dict:

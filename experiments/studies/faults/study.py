@@ -156,11 +156,6 @@ def link(host: str, state: str) -> None:
     subprocess.run(["ip", "netns", "exec", host, "ip", "link", "set", "eth0", state], check=True)
 
 
-def unrooted(text: str) -> str:
-    """A launcher's line without the source paths it quotes (MPICH names its build folder)."""
-    return re.sub(r"\(/[^():\s]+/([^/():\s]+:\d+)\)", r"(\1)", text)
-
-
 def report_line(text: str, strategy: str) -> str | None:
     """Rank 0's report in a launch's stderr ('jaxpar: STRATEGY stopped at step ...')."""
     found = re.findall(rf"^jaxpar: {re.escape(strategy)} stopped at step .*$", text, re.M)
@@ -194,7 +189,7 @@ def ended(launches: list[Launch], since: float, within: float) -> dict[str, dict
     for launch in launches:
         line = report_line(launch.stderr(), launch.strategy) or ""
         found[launch.strategy] = {"end_s": launch.ended - since, "exit": launch.proc.returncode,
-                                  "report": line, "said": [unrooted(x) for x in launch.stderr().strip().splitlines()[-1:]] or [""]}
+                                  "report": line, "said": launch.stderr().strip().splitlines()[-1:] or [""]}  # paths made portable by to_json
     return found
 
 

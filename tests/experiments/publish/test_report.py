@@ -133,4 +133,4 @@ def test_the_bounds_verdict_names_the_misses_and_when_most_miss_what_is_within()
     few = bounds_verdict([row("a", True), row("b", True), row("c", False, 1.4)])
     assert few == "every strategy within its limit but c on 2 (1.40x against 1.3x)"
     most = bounds_verdict([row("a", True), row("b", False, 1.4), row("c", False, 1.5)])
-    assert most == "2 of 3 over their limits (b on 2 1.40x against 1.3x, c on 2 1.50x against 1.3x); within: a on 2"
+    assert most == "2 of 3 over their limits: b on 2 (1.40x against 1.3x), c on 2 (1.50x against 1.3x); within: a on 2"
