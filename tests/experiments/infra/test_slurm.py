@@ -167,6 +167,19 @@ def _job(env, job: str) -> dict[str, str]:
     return dict(field.split("=", 1) for field in out.split() if "=" in field)
 
 
+def _start_requeued(env, job: str, deadline: float) -> None:
+    """Start a requeued job now rather than after the 2 minutes SLURM holds it back (its
+    BeginTime), once its last run has ended (PENDING) and a second more: slurmd revokes that
+    run's credential with one-second resolution, and refuses a start within the same second
+    ('Killing non-startable batch job: Job credential revoked', seen here: the job FAILED)."""
+    while _job(env, job)["JobState"] not in ("PENDING", "COMPLETED"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(1.5)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True,
+                   capture_output=True)
+
+
 @needs_slurm
 def test_a_requeued_job_resumes_and_ends_like_an_uninterrupted_run(env, tmp_path):
     """One job script with --resume auto: SLURM requeues the job mid-run (scontrol requeue
@@ -184,12 +197,7 @@ def test_a_requeued_job_resumes_and_ends_like_an_uninterrupted_run(env, tmp_path
             (tmp_path / "job.log").read_text()[-2000:]
         time.sleep(0.1)
     subprocess.run(["scontrol", "requeue", job], env=env, check=True, capture_output=True)
-    # SLURM holds a requeued job back for 2 minutes (its BeginTime); let it start now.
-    while _job(env, job)["JobState"] not in ("PENDING", "COMPLETED"):
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True,
-                   capture_output=True)
+    _start_requeued(env, job, deadline)
     while (state := _job(env, job))["JobState"] != "COMPLETED" or state["Restarts"] != "1":
         assert time.monotonic() < deadline and state["JobState"] not in ("FAILED", "CANCELLED"), state
         time.sleep(0.2)
@@ -201,27 +209,35 @@ def test_a_requeued_job_resumes_and_ends_like_an_uninterrupted_run(env, tmp_path
     assert result["metrics"]["final_loss"] == uninterrupted
 
 
-# A job script that goes on after a fault (docs/faults.md): srun -K ends the step when a task
-# fails; jaxpar's status for a lost process is 75, and srun reports the highest status of its
-# tasks, so one that SLURM killed then reads 137: the script requeues itself on either.
-FAULT_JOB = """#!/bin/sh
-#SBATCH --requeue --open-mode=append -n 2
-srun --kill-on-bad-exit=1 {python} -m experiments train {flags} --collective-timeout 5 \\
-    --checkpoint-every 50 --resume auto --checkpoint-dir {dir}/ckpt --out {dir}/out
-status=$?
-case $status in 75|137|143) scontrol requeue $SLURM_JOB_ID ;; esac
-exit $status
-"""
+def fault_job(python: str, flags: str, folder: Path) -> str:
+    """The job script of docs/faults.md that goes on after a fault, run as it is written there
+    but on one node (-n 2), with this run's command and its folders under `folder`."""
+    doc = (ROOT / "docs" / "faults.md").read_text()
+    script = next(block for block in re.findall(r"```bash\n(.*?)```", doc, re.S) if "scontrol requeue" in block)
+    command = re.search(r"python -m experiments train .*?--out results/cnn", script, re.S).group(0)
+    script = script.replace(command, f"{python} -m experiments train {flags} --collective-timeout 5 "
+                                     "--checkpoint-every 50 --resume auto --checkpoint-dir ckpt/cnn --out results/cnn")
+    script = script.replace("--nodes=2 --ntasks-per-node=1", "-n 2")
+    return script.replace("ckpt/", f"{folder}/ckpt/").replace("mkdir -p ckpt", f"mkdir -p {folder}/ckpt") \
+        .replace("results/cnn", f"{folder}/out")
+
+
+def _controller_log(job: str) -> str:
+    """slurmctld's lines about `job` (what it did with the job and why)."""
+    log = slurm.HOME / "slurmctld.log"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return "\n".join(line for line in lines if f"JobId={job}" in line or f"job {job}" in line)[-3000:]
 
 
 def _task(marker: str, rank: int) -> int | None:
-    """The process of SLURM task `rank` whose environment holds `marker`."""
+    """The Python process of SLURM task `rank` whose environment holds `marker`."""
     for entry in Path("/proc").iterdir():
         try:
             environ = (entry / "environ").read_bytes().split(b"\0")
             if (entry.name.isdigit() and marker.encode() in environ
                     and f"SLURM_PROCID={rank}".encode() in environ
-                    and b"experiments" in (entry / "cmdline").read_bytes()):
+                    and b"experiments" in (entry / "cmdline").read_bytes()
+                    and (entry / "comm").read_text().startswith("python")):  # not a shell around it
                 return int(entry.name)
         except OSError:
             continue
@@ -230,18 +246,18 @@ def _task(marker: str, rank: int) -> int | None:
 
 @needs_slurm
 def test_a_job_a_silent_task_ended_is_requeued_and_ends_like_an_uninterrupted_run(env, tmp_path):
-    """The fault script above, `dp-auto` on 2 tasks: task 1 stopped (SIGSTOP: alive and
+    """The fault script of docs/faults.md, `dp-auto` on 2 tasks: task 1 stopped (SIGSTOP: alive and
     silent) after the first checkpoint; task 0's watchdog ends the step within the bound,
     exit 75 naming task 1; the job requeues itself, starts again, continues from the
     checkpoint and ends with the loss of a run never interrupted."""
     run = {**RUN, "steps": 400, "synthetic_size": 600, "batch_size": 16, "strategy": "dp-auto"}
     script = tmp_path / "job.sh"
-    script.write_text(FAULT_JOB.format(python=sys.executable, flags=" ".join(flags(run)), dir=tmp_path))
+    script.write_text(fault_job(sys.executable, " ".join(flags(run)), tmp_path))
     marker = f"JAXPAR_TEST_JOB={tmp_path}"
     job = subprocess.run(["sbatch", "--parsable", "-o", str(tmp_path / "job.log"), str(script)],
                          cwd=ROOT, env={**env, "JAXPAR_TEST_JOB": str(tmp_path)}, capture_output=True,
                          text=True, check=True).stdout.strip()
-    ckpt, deadline = tmp_path / "ckpt", time.monotonic() + 300
+    ckpt, deadline = tmp_path / "ckpt" / "cnn", time.monotonic() + 300
     while not any(p.name.isdigit() for p in ckpt.glob("*")) or _task(marker, 1) is None:
         assert time.monotonic() < deadline and _job(env, job)["JobState"] in ("PENDING", "RUNNING"), \
             (tmp_path / "job.log").read_text()[-2000:]
@@ -250,10 +266,11 @@ def test_a_job_a_silent_task_ended_is_requeued_and_ends_like_an_uninterrupted_ru
     while _job(env, job)["Restarts"] != "1":
         assert time.monotonic() < deadline, (tmp_path / "job.log").read_text()[-2000:]
         time.sleep(0.2)
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True,
-                   capture_output=True)
+    _start_requeued(env, job, deadline)
     while (state := _job(env, job))["JobState"] != "COMPLETED":
-        assert time.monotonic() < deadline and state["JobState"] not in ("FAILED", "CANCELLED"), state
+        assert time.monotonic() < deadline and state["JobState"] not in ("FAILED", "CANCELLED"), \
+            f"{state['JobState']} (exit {state.get('ExitCode')}):\n{(tmp_path / 'job.log').read_text()[-3000:]}" \
+            f"\nslurmctld:\n{_controller_log(job)}"
         time.sleep(0.2)
     log = (tmp_path / "job.log").read_text()
     assert re.search(r"^jaxpar: dp-auto stopped at step \d+: no step finished for \d+ s "
