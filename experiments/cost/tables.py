@@ -5,6 +5,7 @@ misses by cause (`misses`); the hardware it assumes; from `experiments.cost.chec
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from experiments.cost import check as cost_check
@@ -142,8 +143,20 @@ def ranking_table(data_dir: Path) -> str:
 
 
 def _plan_rows(data_dir: Path) -> list[dict]:
+    """`plan`'s pick per sitting (two tables use it): computed once per state of `data_dir`."""
+    return _plan_rows_of(data_dir, _state(data_dir))
+
+
+@functools.lru_cache(maxsize=4)
+def _plan_rows_of(data_dir: Path, state: tuple) -> list[dict]:
     rows = cost_check.check_rows(data_dir)
     return plan_check.plan_validation(rows, _profile(data_dir), terms.fitted_terms(rows))
+
+
+def _state(folder: Path) -> tuple:
+    """Every file under `folder` with its size and time of change: what a cached answer from
+    its results depends on."""
+    return tuple(sorted((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in folder.rglob("*.json")))
 
 
 def plan_table(data_dir: Path) -> str:

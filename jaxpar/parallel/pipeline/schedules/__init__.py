@@ -8,6 +8,8 @@ that cannot deadlock (`messages`). Every pipeline runtime executes any schedule 
     lower(schedule)          # per device: actions, Send, Recv
 """
 
+import functools
+
 from jaxpar.parallel.pipeline.schedules.actions import (BACKWARD, FORWARD, Action, Schedule,
                                                          ScheduleError, consumer, needs)
 from jaxpar.parallel.pipeline.schedules.generators import FIXED_VIRTUAL, GENERATORS, SCHEDULES, VIRTUAL
@@ -26,9 +28,11 @@ def virtual_stages(name: str, given: int = 0) -> int:
     return given or own
 
 
+@functools.lru_cache(maxsize=512)
 def build(name: str, devices: int, microbatches: int, virtual: int = 0) -> Schedule:
     """Schedule `name` for `devices` devices and `microbatches` micro-batches (and `virtual`
-    stages per device; 0: the schedule's own), validated."""
+    stages per device; 0: the schedule's own), validated. Built once per arguments (a
+    Schedule is immutable): `plan` prices thousands of pipelines."""
     return check(GENERATORS[name](devices, microbatches, virtual_stages(name, virtual)))
 
 
