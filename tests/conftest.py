@@ -99,3 +99,19 @@ def machine_wide():
                     pytest.fail(f"{lock.name} held by another test process for 15 minutes")
                 time.sleep(1)
         yield
+
+
+def pytest_collection_modifyitems(config, items):
+    import scheduling
+
+    scheduling.sort_longest_first(items)
+
+
+@pytest.hookimpl(optionalhook=True)  # only where pytest-xdist is loaded
+def pytest_xdist_make_scheduler(config, log):
+    """Under `--dist loadfile`: the units and order of tests/scheduling.py."""
+    if config.getvalue("dist") == "loadfile":
+        import scheduling
+
+        return scheduling.LongestFirst(config, log)
+    return None

@@ -17,6 +17,7 @@ later in some list: a deadlock).
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 from jaxpar.parallel.pipeline.schedules.actions import (BACKWARD, FORWARD, INPUT, WEIGHT, Action,
@@ -85,14 +86,17 @@ def simulate(schedule: Schedule, duration: Callable[[Action], float] = lambda a:
     return times
 
 
-def rows(schedule: Schedule) -> list[list[Action | None]]:
-    """The table of actions: rows[t][d] is what device d runs in slot t (one slot each)."""
+@functools.lru_cache(maxsize=256)
+def rows(schedule: Schedule) -> tuple[tuple[Action | None, ...], ...]:
+    """The table of actions: rows[t][d] is what device d runs in slot t (one slot each).
+    Replayed once per schedule (a Schedule is immutable): a host-driven pipeline walks it
+    every step."""
     times = simulate(schedule)
     out: list[list[Action | None]] = [[None] * schedule.devices for _ in range(int(max(e for _, e in times.values())))]
     for d, lst in enumerate(schedule.lists):
         for a in lst:
             out[int(times[a][0])][d] = a
-    return out
+    return tuple(map(tuple, out))
 
 
 def table(schedule: Schedule) -> list[list[Slot]]:
