@@ -21,6 +21,8 @@ CONV = dict(width=None, depth=None)
 # depth 3: the MLP has 4 layers, enough for 4 stages; batch 16 in 4 micro-batches of 4
 SEED_MODELS = {"mlp": dict(width=32, depth=3), "cnn": CONV, "resnet": CONV}
 COMMON = dict(batch_size=16, lr=0.02)
+# The CNN cut after every layer: conv1 hands on [14, 14, 32], conv2 [7, 7, 64], fc1 [128].
+CNN_BOUNDARIES = [14 * 14 * 32, 7 * 7 * 64, 128]
 
 
 def config(model: str, **options):

@@ -16,6 +16,7 @@ import pytest
 
 from conftest import requires_devices
 from equivalence import batches, config
+from pipeline_cases import CNN_BOUNDARIES
 from jaxpar.models.vit import PATCH
 from jaxpar.optim import make_optimizer
 from jaxpar.train import build_model, make_strategy
@@ -127,8 +128,6 @@ def test_pipeline_sends_what_its_schedule_says(schedule, stages, micro):
     assert got == pipeline_bytes(schedule, stages, micro, 64, 64)
 
 
-# The CNN cut after every layer: conv1 hands on [14, 14, 32], conv2 [7, 7, 64], fc1 [128].
-CNN_BOUNDARIES = [14 * 14 * 32, 7 * 7 * 64, 128]
 
 
 @requires_devices(4)

@@ -133,13 +133,12 @@ def test_each_device_holds_its_stage_padded_to_the_largest():
 def test_padding_bytes_equal_theory_from_the_cnns_shapes():
     """The CNN cut after every layer hands on [14,14,32], [7,7,64], [128] per example: every
     send is as wide as the widest, and each micro-batch crosses each boundary twice."""
-    from test_theory_bytes import CNN_BOUNDARIES
     cfg = pc.config("cnn", strategy="pipeline", mesh="stage=4", microbatches=4, stage_boundaries=(1, 2, 3),
                     pipeline_impl="spmd")
     d = eq.run(cfg, steps=1, devices=4).strategy.describe()
-    rows, widest = 16 // 4, max(CNN_BOUNDARIES)
-    assert d["boundary_elements_per_example"] == CNN_BOUNDARIES
-    assert d["padding_bytes_per_step"] == 2 * 4 * sum((widest - n) * rows * 4 for n in CNN_BOUNDARIES)
+    rows, widest = 16 // 4, max(pc.CNN_BOUNDARIES)
+    assert d["boundary_elements_per_example"] == pc.CNN_BOUNDARIES
+    assert d["padding_bytes_per_step"] == 2 * 4 * sum((widest - n) * rows * 4 for n in pc.CNN_BOUNDARIES)
 
 
 @pytest.mark.parametrize("options,needle", [
@@ -175,14 +174,13 @@ def test_host_stages_move_each_boundary_once_each_way_without_padding():
     activation crosses each boundary forward once and its gradient back once (no padding:
     the bytes the compiled programs send), no collective runs, and the compiled step is
     each stage's one program."""
-    from test_theory_bytes import CNN_BOUNDARIES
     cfg = pc.config("cnn", strategy="pipeline", mesh="stage=4", microbatches=4,
                     stage_boundaries=(1, 2, 3), pipeline_impl="mpmd")
     t = eq.run(cfg, steps=1, devices=4)
     s, batch = t.strategy, t.strategy.place_batch(eq.batches(16, 1)[0])
     d = s.describe()
-    assert d["boundary_elements_per_example"] == CNN_BOUNDARIES and "padding_bytes_per_step" not in d
-    assert d["stage_transfer_bytes_per_step"] == 2 * 16 * sum(CNN_BOUNDARIES) * 4
+    assert d["boundary_elements_per_example"] == pc.CNN_BOUNDARIES and "padding_bytes_per_step" not in d
+    assert d["stage_transfer_bytes_per_step"] == 2 * 16 * sum(pc.CNN_BOUNDARIES) * 4
     programs = s.compile("step", t.state, batch)
     assert programs.collective_bytes["total"] == 0
     assert {p.name: p.calls for p in programs.parts} == {f"rank_step{k}@0": 1 for k in range(4)}

@@ -32,16 +32,28 @@ def compile_stage_programs(programs, placement, states, name: str, state, batch)
     return parts
 
 
+def _inputs(placement, states, build, r, batch):
+    """Replica r's micro-batches (first stage) and labels, weights and denominator (last
+    stage); the shape of one micro-batch stands for all."""
+    x = build(f"split_images{r}", r, 0, 1, batch["image"][r])[0]
+    labels, weights, denom = build(f"split_labels{r}", r, states.S - 1, 1, batch["label"][r], batch["weight"][r])
+    return x, labels[0], weights[0], denom
+
+
+def _stage_start(placement, states, build, r, s, state):
+    """Stage copy (r, s)'s parameters and model state, and its zeroed accumulators."""
+    p, z = states.copy(state.params, r, s), states.copy(state.model_state, r, s)
+    acc, z_sum, sums = build(f"zeros{s}", r, s, 1, p, z)
+    return p, z, placement.abstract_on(acc, s, r), placement.abstract_on(z_sum, s, r), sums
+
+
 def _step_programs(placement, states, build, r, state, batch):
     fns, S = states.fns, states.S
     per, on = fns.microbatches // fns.replicas, placement.abstract_on
-    x = build(f"split_images{r}", r, 0, 1, batch["image"][r])[0]
-    labels, weights, denom = build(f"split_labels{r}", r, S - 1, 1, batch["label"][r], batch["weight"][r])
+    x, label, weight, denom = _inputs(placement, states, build, r, batch)
     for s in range(S):
-        p, z = states.copy(state.params, r, s), states.copy(state.model_state, r, s)
+        p, z, acc, z_sum, sums = _stage_start(placement, states, build, r, s, state)
         opt = states.copy(state.opt_state, r, s)
-        acc, z_sum, sums = build(f"zeros{s}", r, s, 1, p, z)
-        acc, z_sum = on(acc, s, r), on(z_sum, s, r)
         if s < S - 1:
             out, vjp, _ = build(f"train_fwd{s}", r, s, per, p, z, x, z_sum)
             g = on(out, s, r)  # the gradient of the output: its shape
@@ -49,7 +61,7 @@ def _step_programs(placement, states, build, r, state, batch):
             build(f"bwd{s}", r, s, per, *args, acc)
             x = on(out, s + 1, r)
         else:
-            build("last", r, s, per, p, z, x, labels[0], weights[0], denom, acc, z_sum, on(sums, s, r))
+            build("last", r, s, per, p, z, x, label, weight, denom, acc, z_sum, on(sums, s, r))
         build(f"update{s}", r, s, 1, p, opt, acc, z_sum)
         if fns.replicas > 1:
             build(f"add{s}", r, s, 1, (acc, z_sum), (acc, z_sum))
@@ -62,12 +74,9 @@ def _split_programs(placement, states, build, r, state, batch):
     gradients (each counted once per micro-batch; a whole backward runs both)."""
     fns, S = states.fns, states.S
     per, on = fns.microbatches // fns.replicas, placement.abstract_on
-    x = build(f"split_images{r}", r, 0, 1, batch["image"][r])[0]
-    labels, weights, denom = build(f"split_labels{r}", r, S - 1, 1, batch["label"][r], batch["weight"][r])
+    x, label, weight, denom = _inputs(placement, states, build, r, batch)
     for s in range(S):
-        p, z = states.copy(state.params, r, s), states.copy(state.model_state, r, s)
-        acc, z_sum, sums = build(f"zeros{s}", r, s, 1, p, z)
-        acc, z_sum = on(acc, s, r), on(z_sum, s, r)
+        p, z, acc, z_sum, sums = _stage_start(placement, states, build, r, s, state)
         if s < S - 1:
             out, vjps, _ = build(f"layers_fwd{s}", r, s, per, p, z, x, z_sum)
             g = on(out, s, r)
@@ -76,7 +85,7 @@ def _split_programs(placement, states, build, r, state, batch):
             cts, vjps = (found[1], found[2]) if fns.remat else (found[1], vjps)
             x = on(out, s + 1, r)
         else:
-            _, vjps, cts, _, _ = build("last_in", r, s, per, p, z, x, labels[0], weights[0], denom, z_sum,
+            _, vjps, cts, _, _ = build("last_in", r, s, per, p, z, x, label, weight, denom, z_sum,
                                        on(sums, s, r))
         build(f"bwd_w{s}", r, s, per, on(vjps, s, r), on(cts, s, r), acc)
         build(f"update{s}", r, s, 1, p, states.copy(state.opt_state, r, s), acc, z_sum)
