@@ -15,13 +15,14 @@ file in a full run on 2 cores (2026-11-28, e5d463a); a stale one only costs spee
 
 from __future__ import annotations
 
+import pytest
 from xdist.scheduler import LoadFileScheduling
 
 MACHINE_WIDE = ("tests/experiments/infra/test_cluster.py", "tests/experiments/infra/test_slurm.py",
                 "tests/experiments/studies/test_network_study.py")
 
-SECONDS = {
-    "tests/test_mpi_launch.py": 308, "tests/test_mpi_worlds.py": 264,
+SECONDS = {  # per unit of work
+    "machine-wide": 354, "tests/test_mpi_launch.py": 308, "tests/test_mpi_worlds.py": 264,
     "tests/parallel/pipeline/test_pipeline.py": 263, "tests/test_checkpoint.py": 147,
     "tests/experiments/studies/test_pipeline_study.py": 131,
     "tests/parallel/pipeline/test_every_schedule.py": 105,
@@ -31,18 +32,12 @@ SECONDS = {
     "tests/experiments/publish/test_figures.py": 55, "tests/experiments/studies/test_rank_scaling.py": 53,
     "tests/parallel/pipeline/test_gems.py": 50, "tests/parallel/data_parallel/test_dp_common.py": 49,
     "tests/experiments/demo/test_demo_browser.py": 49, "tests/parallel/pipeline/test_hybrid.py": 42,
-    **{path: 354 / len(MACHINE_WIDE) for path in MACHINE_WIDE},  # 233 + 88 + 33 together
 }
 
 
 def unit(path: str) -> str:
     """The unit of work a test file belongs to."""
     return "machine-wide" if path in MACHINE_WIDE else path
-
-
-def seconds(path: str) -> float:
-    """About how long the unit of `path` takes (an unlisted file: a few seconds)."""
-    return sum(SECONDS.get(p, 5) for p in MACHINE_WIDE) if unit(path) == "machine-wide" else SECONDS.get(path, 5)
 
 
 class LongestFirst(LoadFileScheduling):
@@ -58,5 +53,13 @@ class LongestFirst(LoadFileScheduling):
 
 
 def sort_longest_first(items) -> None:
-    """Items of the longest units first; within a unit, and among units alike, as collected."""
-    items.sort(key=lambda item: -seconds(item.nodeid.split("::", 1)[0]))
+    """Items of the longest units first; within a unit, and among units alike, as collected.
+    A file that holds `machine_wide` but is not in MACHINE_WIDE is a usage error: the other
+    worker would wait on it."""
+    files = {item.nodeid.split("::", 1)[0]: item for item in items}
+    unlisted = sorted(f for f, item in files.items()
+                      if "machine_wide" in getattr(item, "fixturenames", ()) and f not in MACHINE_WIDE)
+    if unlisted:
+        raise pytest.UsageError(f"add {', '.join(unlisted)} to MACHINE_WIDE in tests/scheduling.py "
+                                f"(it uses the machine_wide fixture)")
+    items.sort(key=lambda item: -SECONDS.get(unit(item.nodeid.split("::", 1)[0]), 5))

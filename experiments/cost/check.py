@@ -160,10 +160,16 @@ def check_rows(data_dir: Path, base: bool = False) -> list[dict]:
     and profile file (its tables and figure share it). `base`: the model as it stood before
     the terms measured from the points (`terms`), the shared pool's collectives
     (`cost.shared_pool_collectives`) and the pooled anchors: what the misses' table compares."""
+    return _check_rows(*cache_key(data_dir), base)
+
+
+def cache_key(data_dir: Path) -> tuple[str, int]:
+    """What an answer computed from `data_dir`'s points is cached under: the folder and its
+    profile's time of change (ResultsError, naming the command, without a profile)."""
     profile = Path(data_dir) / PROFILE_UNDER_DATA
     if not profile.is_file():
         raise ResultsError(sources.missing_line(Path(data_dir), "cost"))
-    return _check_rows(str(Path(data_dir).resolve()), profile.stat().st_mtime_ns, base)
+    return str(Path(data_dir).resolve()), profile.stat().st_mtime_ns
 
 
 NO_TERMS = terms.Terms({}, terms.PinnedHost(0.0, ()))

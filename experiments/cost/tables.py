@@ -143,20 +143,14 @@ def ranking_table(data_dir: Path) -> str:
 
 
 def _plan_rows(data_dir: Path) -> list[dict]:
-    """`plan`'s pick per sitting (two tables use it): computed once per state of `data_dir`."""
-    return _plan_rows_of(data_dir, _state(data_dir))
+    """`plan`'s pick per sitting (two tables use it), cached as `check_rows` is."""
+    return _plan_rows_of(*cost_check.cache_key(data_dir))
 
 
 @functools.lru_cache(maxsize=4)
-def _plan_rows_of(data_dir: Path, state: tuple) -> list[dict]:
-    rows = cost_check.check_rows(data_dir)
-    return plan_check.plan_validation(rows, _profile(data_dir), terms.fitted_terms(rows))
-
-
-def _state(folder: Path) -> tuple:
-    """Every file under `folder` with its size and time of change: what a cached answer from
-    its results depends on."""
-    return tuple(sorted((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in folder.rglob("*.json")))
+def _plan_rows_of(data_dir: str, _stamp: int) -> list[dict]:
+    rows = cost_check.check_rows(Path(data_dir))
+    return plan_check.plan_validation(rows, _profile(Path(data_dir)), terms.fitted_terms(rows))
 
 
 def plan_table(data_dir: Path) -> str:

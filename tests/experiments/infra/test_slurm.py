@@ -209,17 +209,15 @@ def test_a_requeued_job_resumes_and_ends_like_an_uninterrupted_run(env, tmp_path
     assert result["metrics"]["final_loss"] == uninterrupted
 
 
-def fault_job(python: str, flags: str, folder: Path) -> str:
+def fault_job(python: str, flags: str) -> str:
     """The job script of docs/faults.md that goes on after a fault, run as it is written there
-    but on one node (-n 2), with this run's command and its folders under `folder`."""
+    but on one node (-n 2) and with this run's command (its folders relative, as there)."""
     doc = (ROOT / "docs" / "faults.md").read_text()
     script = next(block for block in re.findall(r"```bash\n(.*?)```", doc, re.S) if "scontrol requeue" in block)
     command = re.search(r"python -m experiments train .*?--out results/cnn", script, re.S).group(0)
     script = script.replace(command, f"{python} -m experiments train {flags} --collective-timeout 5 "
                                      "--checkpoint-every 50 --resume auto --checkpoint-dir ckpt/cnn --out results/cnn")
-    script = script.replace("--nodes=2 --ntasks-per-node=1", "-n 2")
-    return script.replace("ckpt/", f"{folder}/ckpt/").replace("mkdir -p ckpt", f"mkdir -p {folder}/ckpt") \
-        .replace("results/cnn", f"{folder}/out")
+    return script.replace("--nodes=2 --ntasks-per-node=1", "-n 2")
 
 
 def _controller_log(job: str) -> str:
@@ -252,9 +250,9 @@ def test_a_job_a_silent_task_ended_is_requeued_and_ends_like_an_uninterrupted_ru
     checkpoint and ends with the loss of a run never interrupted."""
     run = {**RUN, "steps": 400, "synthetic_size": 600, "batch_size": 16, "strategy": "dp-auto"}
     script = tmp_path / "job.sh"
-    script.write_text(fault_job(sys.executable, " ".join(flags(run)), tmp_path))
+    script.write_text(fault_job(sys.executable, " ".join(flags(run))))
     marker = f"JAXPAR_TEST_JOB={tmp_path}"
-    job = subprocess.run(["sbatch", "--parsable", "-o", str(tmp_path / "job.log"), str(script)],
+    job = subprocess.run(["sbatch", "--parsable", "-D", str(tmp_path), "-o", str(tmp_path / "job.log"), str(script)],
                          cwd=ROOT, env={**env, "JAXPAR_TEST_JOB": str(tmp_path)}, capture_output=True,
                          text=True, check=True).stdout.strip()
     ckpt, deadline = tmp_path / "ckpt" / "cnn", time.monotonic() + 300
@@ -276,7 +274,7 @@ def test_a_job_a_silent_task_ended_is_requeued_and_ends_like_an_uninterrupted_ru
     assert re.search(r"^jaxpar: dp-auto stopped at step \d+: no step finished for \d+ s "
                      r"\(--collective-timeout 5;.*rank 1 on \S+ has been silent", log, re.M), log[-3000:]
     assert "task 0: Exited with exit code 75" in log
-    result = json.loads((tmp_path / "out/result.json").read_text())
+    result = json.loads((tmp_path / "results/cnn/result.json").read_text())
     assert result["metrics"]["resumed_from_step"] >= 50 and result["metrics"]["steps"] == 400
     uninterrupted = fit(with_options(TrainConfig(), **{**run, "strategy": "single"})).result.metrics["final_loss"]
     assert result["metrics"]["final_loss"] == pytest.approx(uninterrupted, rel=1e-5)

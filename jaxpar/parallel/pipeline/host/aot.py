@@ -32,7 +32,7 @@ def compile_stage_programs(programs, placement, states, name: str, state, batch)
     return parts
 
 
-def _inputs(placement, states, build, r, batch):
+def _inputs(states, build, r, batch):
     """Replica r's micro-batches (first stage) and labels, weights and denominator (last
     stage); the shape of one micro-batch stands for all."""
     x = build(f"split_images{r}", r, 0, 1, batch["image"][r])[0]
@@ -50,7 +50,7 @@ def _stage_start(placement, states, build, r, s, state):
 def _step_programs(placement, states, build, r, state, batch):
     fns, S = states.fns, states.S
     per, on = fns.microbatches // fns.replicas, placement.abstract_on
-    x, label, weight, denom = _inputs(placement, states, build, r, batch)
+    x, label, weight, denom = _inputs(states, build, r, batch)
     for s in range(S):
         p, z, acc, z_sum, sums = _stage_start(placement, states, build, r, s, state)
         opt = states.copy(state.opt_state, r, s)
@@ -74,7 +74,7 @@ def _split_programs(placement, states, build, r, state, batch):
     gradients (each counted once per micro-batch; a whole backward runs both)."""
     fns, S = states.fns, states.S
     per, on = fns.microbatches // fns.replicas, placement.abstract_on
-    x, label, weight, denom = _inputs(placement, states, build, r, batch)
+    x, label, weight, denom = _inputs(states, build, r, batch)
     for s in range(S):
         p, z, acc, z_sum, sums = _stage_start(placement, states, build, r, s, state)
         if s < S - 1:
