@@ -84,7 +84,10 @@ cluster-tools:
 # tests/mpi runs under mpiexec from inside the suite (tests/test_mpi_launch.py: 2 ranks; test_mpi_worlds.py
 # 4, and 2 of 2 devices each), beside the other worker's files; the workers take files longest
 # first (tests/scheduling.py); --durations: the log names the slowest tests (the whole run,
-# installs included, is to stay under 20 minutes: 25-29 minutes in November 2026, issue 46)
+# installs included, is to stay under 20 minutes: 25-29 minutes in November 2026, issue 46).
+# Two workers, not three: a third (a lane for the files that mostly wait) took the same suite
+# from 24:16 to 30:30 here, the simulated devices' programs and the MPI ranks slowing each
+# other more than the idle fifth of the cores it filled was worth.
 test: install $(VENV)/.mpi-installed $(VENV)/.demo-installed browser cluster-tools
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 $(ARGS)
 
