@@ -56,10 +56,13 @@ def sort_longest_first(items) -> None:
     """Items of the longest units first; within a unit, and among units alike, as collected.
     A file that holds `machine_wide` but is not in MACHINE_WIDE is a usage error: the other
     worker would wait on it."""
-    files = {item.nodeid.split("::", 1)[0]: item for item in items}
-    unlisted = sorted(f for f, item in files.items()
-                      if "machine_wide" in getattr(item, "fixturenames", ()) and f not in MACHINE_WIDE)
+    unlisted = sorted({_file(item) for item in items
+                       if "machine_wide" in getattr(item, "fixturenames", ()) and _file(item) not in MACHINE_WIDE})
     if unlisted:
         raise pytest.UsageError(f"add {', '.join(unlisted)} to MACHINE_WIDE in tests/scheduling.py "
                                 f"(it uses the machine_wide fixture)")
-    items.sort(key=lambda item: -SECONDS.get(unit(item.nodeid.split("::", 1)[0]), 5))
+    items.sort(key=lambda item: -SECONDS.get(unit(_file(item)), 5))
+
+
+def _file(item) -> str:
+    return item.nodeid.split("::", 1)[0]

@@ -128,8 +128,6 @@ def test_pipeline_sends_what_its_schedule_says(schedule, stages, micro):
     assert got == pipeline_bytes(schedule, stages, micro, 64, 64)
 
 
-
-
 @requires_devices(4)
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_heterogeneous_stages_send_the_widest_boundary(schedule):
