@@ -1,5 +1,6 @@
 """Who is still there: every process of a job sends each other a small UDP datagram a few
-times a second (its rank and the last step it finished) and notes when it last heard each.
+times a second (its rank and the last step it finished, or PREPARING before its training loop)
+and notes when it last heard each.
 
 The watchdog (`jaxpar.runtime.watchdog`) reads this when a wait runs past its bound, to name
 the ranks and hosts that went silent (a cut link, a lost host) or the ranks behind (alive, but
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 _FORMAT = struct.Struct("!8siq")  # job nonce, rank, last finished step
+PREPARING = -1  # the step a process sends before its loop starts (compiling, restoring)
 
 
 def route_to(host: str) -> str:
@@ -44,7 +46,7 @@ class Beacons:
     nonce: bytes                            # rank 0's: datagrams of another job are ignored
     sock: socket.socket
     heard: dict[int, float] = field(default_factory=dict)   # rank -> monotonic time last heard
-    steps: dict[int, int] = field(default_factory=dict)     # rank -> last step it finished
+    steps: dict[int, int] = field(default_factory=dict)     # rank -> last step it finished (or PREPARING)
 
     @classmethod
     def join(cls, rank: int, size: int, exchange: Callable[[str], list[str]]) -> Beacons:
@@ -61,7 +63,7 @@ class Beacons:
         now = time.monotonic()
         return cls(rank, hosts, [(a, int(p)) for _, a, p in every], bytes.fromhex(every[0][0]), sock,
                    heard={r: now for r in range(size) if r != rank},
-                   steps={r: 0 for r in range(size) if r != rank})
+                   steps={r: PREPARING for r in range(size) if r != rank})
 
     @staticmethod
     def _local_address(hosts: list[str]) -> str:
@@ -121,6 +123,10 @@ class Beacons:
         longest silent first."""
         quiet = [(r, now - t) for r, t in self.heard.items() if now - t > after_s]
         return sorted(quiet, key=lambda q: -q[1])
+
+    def preparing(self, now: float, after_s: float) -> list[int]:
+        """The processes heard within `after_s` that have not reached their loop yet."""
+        return [r for r, s in self.steps.items() if s == PREPARING and now - self.heard[r] <= after_s]
 
     def where(self, rank: int) -> str:
         """'rank R on host H' for messages."""

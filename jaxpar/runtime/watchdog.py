@@ -9,7 +9,9 @@ Here every process of a multi-process run runs one thread that
   - sends its rank and last finished step to every other process a few times a second and
     notes when it heard each (`beacons`), so it can always name who went silent;
   - while the loop is armed (from the first training step to the last evaluation), checks
-    that some step, evaluation batch or checkpoint finished within --collective-timeout;
+    that some step, evaluation batch or checkpoint finished within --collective-timeout
+    (the clock held while another process, still answering, has not reached its own loop:
+    ranks that compile different programs, a pipeline's stages, are ready at different times);
     past it, it prints the strategy, the step waited on, who went silent and since when (or
     who is behind), how to go on, and ends the whole job with exit status 75 (MPI_Abort from
     this thread under mpiexec: the main thread may be stuck in C; else its own exit, after
@@ -42,7 +44,7 @@ from typing import Callable
 
 from jaxpar.errors import ConfigError, PeerLost
 from jaxpar.runtime import abort_guard, distributed
-from jaxpar.runtime.beacons import Beacons
+from jaxpar.runtime.beacons import PREPARING, Beacons
 
 WARMUP_STEPS = 2          # first steps left out of the expected step time (first-call costs)
 EXPECTED_FROM = 10        # steps after the warm-up whose median is the expected step time
@@ -62,7 +64,7 @@ class Watchdog:
         self.durations: list[tuple[float, int]] = []  # (seconds, steps) between the loop's waits
         self.expected: float | None = None
         self.what, self.resume = "", (lambda: "")
-        self.is_armed = self.noticed = self.stopping = False
+        self.is_armed = self.in_loop = self.noticed = self.stopping = False
         self.firing = threading.Lock()  # one report per process (the thread or the loop)
         self.started, self.cpu_s = time.monotonic(), 0.0  # the thread's own CPU time: its cost
         self.thread = threading.Thread(target=self._run, name="jaxpar-watchdog", daemon=True)
@@ -84,7 +86,7 @@ class Watchdog:
     def _run(self) -> None:
         while not self.stopping:
             try:
-                self.peers.send(self.step)
+                self.peers.send(self.step if self.in_loop else PREPARING)
                 if self.peers.receive(self.interval, also=self.notice_fd):
                     self._fire("abort")
                 self._check(time.monotonic())
@@ -98,9 +100,11 @@ class Watchdog:
         return self.firing.locked()
 
     def _check(self, now: float) -> None:
-        waited = now - self.last
         if not self.is_armed or self.fired:
             return
+        if self.peers.preparing(now, self._quiet_s()):
+            self.last = now  # not a wait for a message: a peer still compiling (silence counts)
+        waited = now - self.last
         if waited > self.timeout:
             self._fire("timeout")
         elif waited > self.timeout / 2 and not self.noticed:
@@ -164,8 +168,10 @@ class Watchdog:
                              f"at step {self.peers.steps[r]})" for r, s in silent)
         behind = [r for r, s in self.peers.steps.items() if s < self.step]
         if behind:
+            least = min(self.peers.steps[r] for r in behind)
+            at = "before its loop" if least == PREPARING else f"at step {least}"
             return (f"every process answers, but {', '.join(map(self.peers.where, behind))} "
-                    f"is behind (at step {min(self.peers.steps[r] for r in behind)})")
+                    f"is behind ({at})")
         return ("every process answers and waits in the same step: the messages between them "
                 "stopped (a link that drops them, a broken connection)")
 
@@ -266,7 +272,7 @@ def armed(what: str, resume: Callable[[], str] = lambda: ""):
         yield
         return
     dog.what, dog.resume = what, resume
-    dog.last, dog.is_armed = time.monotonic(), True
+    dog.last, dog.is_armed, dog.in_loop = time.monotonic(), True, True
     try:
         yield
     except (OSError, RuntimeError) as e:  # jax's JaxRuntimeError is a RuntimeError

@@ -21,7 +21,7 @@ import pytest
 from jaxpar.config import TrainConfig, with_options
 from jaxpar.errors import ConfigError, PeerLost
 from jaxpar.runtime import abort_guard, native, watchdog
-from jaxpar.runtime.beacons import Beacons
+from jaxpar.runtime.beacons import PREPARING, Beacons
 from jaxpar.validate import validate_options
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,6 +122,35 @@ def test_the_report_names_the_silent_process_the_step_and_how_to_go_on():
     assert "every process answers, but rank 1 on host-b is behind (at step 118)" in dog.report("timeout", time.monotonic())
     zero.steps[1] = 120
     assert "every process answers and waits in the same step" in dog.report("timeout", time.monotonic())
+
+
+def test_a_peer_still_preparing_holds_the_clock_until_it_falls_silent(monkeypatch):
+    """A rank still compiling its own programs (a pipeline's last stage takes longest) is not a
+    stalled message: while it answers and says it has not reached its loop, the bound waits;
+    silent, it counts. A peer in its loop holds nothing."""
+    zero, one = beacon_pair()
+    dog = watchdog.Watchdog(zero, 2.0, None, None)
+    fired = []
+    monkeypatch.setattr(dog, "_fire", fired.append)
+    assert dog.in_loop is False  # what the thread sends before `armed`: PREPARING
+    dog.is_armed, dog.in_loop = True, True
+    now = time.monotonic()
+    zero.steps[1], zero.heard[1], dog.last = PREPARING, now, now - 5
+    dog._check(now)
+    assert fired == [] and dog.last == now
+    zero.heard[1] = now - 3  # silent past the quiet time: the wait counts from the last hold
+    dog._check(now + 1)
+    assert fired == [] and dog.last == now
+    dog._check(now + 2.5)
+    assert fired == ["timeout"]
+    assert "rank 1 on host-b has been silent for" in dog.report("timeout", now + 2.5)
+    fired.clear()
+    now = time.monotonic()
+    zero.steps[1], zero.heard[1], dog.last = 0, now, now - 5  # in its loop, answering: no hold
+    dog._check(now)
+    assert fired == ["timeout"] and dog.last == now - 5
+    zero.steps[1], dog.step = PREPARING, 3
+    assert "rank 1 on host-b is behind (before its loop)" in dog.report("timeout", time.monotonic())
 
 
 def test_xla_statuses_name_the_lost_process():

@@ -142,10 +142,12 @@ class Launch:
 
 
 def until(launches: list[Launch], done, what: str, within: float) -> None:
-    """Poll until done(launch) for every launch; UserError naming `what` and each one's state."""
+    """Poll until done(launch) for every launch; UserError naming `what` and each one's state,
+    at the deadline or as soon as a launch ended without being done (it never will be)."""
     deadline = time.monotonic() + within
     while not all(done(launch) for launch in launches):
-        if time.monotonic() > deadline:
+        ended = any(not launch.alive() and not done(launch) for launch in launches)
+        if ended or time.monotonic() > deadline:
             raise UserError(f"{what}: " + " | ".join(
                 f"{l.strategy}: alive={l.alive()} steps={l.steps()} {l.stderr()[-800:]}" for l in launches))
         time.sleep(0.1)
