@@ -165,13 +165,11 @@ class Watchdog:
         silent = self.peers.silent(now, self._quiet_s())
         if silent:
             return "; ".join(f"{self.peers.where(r)} has been silent for {s:.0f} s (last heard "
-                             f"at step {self.peers.steps[r]})" for r, s in silent)
+                             f"{_at(self.peers.steps[r])})" for r, s in silent)
         behind = [r for r, s in self.peers.steps.items() if s < self.step]
         if behind:
-            least = min(self.peers.steps[r] for r in behind)
-            at = "before its loop" if least == PREPARING else f"at step {least}"
             return (f"every process answers, but {', '.join(map(self.peers.where, behind))} "
-                    f"is behind ({at})")
+                    f"is behind ({_at(min(self.peers.steps[r] for r in behind))})")
         return ("every process answers and waits in the same step: the messages between them "
                 "stopped (a link that drops them, a broken connection)")
 
@@ -185,6 +183,10 @@ class Watchdog:
             return (f"it lost the coordinator, {self.peers.where(0)} ({lost.status[:200]}); "
                     f"{self._who(now)}")
         return f"{lost.status[:300]}; {self._who(now)}"
+
+
+def _at(step: int) -> str:
+    return "before its loop" if step == PREPARING else f"at step {step}"
 
 
 def _seconds(s: float) -> str:
