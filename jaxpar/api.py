@@ -238,7 +238,8 @@ def _watch(config: TrainConfig, out: str | None) -> Path | None:
     if jax.distributed.is_initialized():
         folder = Path(out) / "logs" if out is not None else Path(tempfile.gettempdir()) / "jaxpar-logs"
         log = folder / (f"rank-{rank}.log" if out is not None else f"{os.getpid()}-rank-{rank}.log")
-    watchdog.start(rank, size, exchange, config.parallel.collective_timeout, log)
+    watchdog.start(rank, size, exchange, config.parallel.collective_timeout, log,
+                   what=config.parallel.strategy)
     return log
 
 

@@ -12,6 +12,8 @@ Here every process of a multi-process run runs one thread that
     that some step, evaluation batch or checkpoint finished within --collective-timeout
     (the clock held while another process, still answering, has not reached its own loop:
     ranks that compile different programs, a pipeline's stages, are ready at different times);
+    before its own loop (compiling, restoring a checkpoint), that no other process has been
+    silent for longer than the bound: a host lost while the job starts ends it too;
     past it, it prints the strategy, the step waited on, who went silent and since when (or
     who is behind), how to go on, and ends the whole job with exit status 75 (MPI_Abort from
     this thread under mpiexec: the main thread may be stuck in C; else its own exit, after
@@ -100,7 +102,11 @@ class Watchdog:
         return self.firing.locked()
 
     def _check(self, now: float) -> None:
-        if not self.is_armed or self.fired:
+        if self.fired:
+            return
+        if not self.is_armed:
+            if not self.in_loop and self.peers.silent(now, self.timeout):
+                self._fire("start")  # silent past the bound before the loop: gone, not slow
             return
         if self.peers.preparing(now, self._quiet_s()):
             self.last = now  # not a wait for a message: a peer still compiling (silence counts)
@@ -120,7 +126,7 @@ class Watchdog:
                 print(f"jaxpar: {self.what} moved on at step {self.step}", file=sys.stderr, flush=True)
 
     def _fire(self, why: str, error: BaseException | None = None) -> None:
-        """Report and end the job (never returns). `why`: timeout | abort | error."""
+        """Report and end the job (never returns). `why`: timeout | start | abort | error."""
         if not self.firing.acquire(blocking=False):
             while True:  # the other caller is ending the job
                 time.sleep(1)
@@ -128,7 +134,7 @@ class Watchdog:
             abort_guard.set_fallback("")  # this report replaces the held abort's sentence
         now = time.monotonic()
         silent = self.peers.silent(now, self._quiet_s())
-        if why == "timeout" and self.peers.rank != 0 and 0 not in dict(silent):
+        if why in ("timeout", "start") and self.peers.rank != 0 and 0 not in dict(silent):
             time.sleep(REPORT_GRACE_S)  # rank 0 is alive: it reports and ends the job
             now = time.monotonic()
         print(self.report(why, now, error), file=sys.stderr, flush=True)
@@ -152,7 +158,12 @@ class Watchdog:
         else:
             cause = (f"no step finished for {now - self.last:.0f} s (--collective-timeout "
                      f"{self.timeout:g}; {self._usual()}); {self._who(now)}")
-        log = f" XLA's messages: {self.log}." if self.log and why != "timeout" else ""
+        log = f" XLA's messages: {self.log}." if self.log and why not in ("timeout", "start") else ""
+        if why == "start":
+            return (f"jaxpar{where}: {self.what or 'the run'} stopped before its first step: "
+                    f"{self._who(now)}, past --collective-timeout {self.timeout:g} while the "
+                    f"processes prepared (compiling, restoring). Ending the job (exit status "
+                    f"{PeerLost.exit_code}).")
         return (f"jaxpar{where}: {self.what or 'the run'} stopped at step {self.step + 1}: {cause}."
                 f"{log} Ending the job (exit status {PeerLost.exit_code}). {self.resume()}")
 
@@ -205,7 +216,7 @@ def check_bound(timeout: float, expected: float) -> None:
 
 
 def start(rank: int, size: int, exchange: Callable[[str], list[str]], timeout: float,
-          log: Path | None = None) -> Watchdog:
+          log: Path | None = None, what: str = "") -> Watchdog:
     """Start this process's watchdog (a collective: every process calls it at the same point).
 
     Args:
@@ -213,6 +224,7 @@ def start(rank: int, size: int, exchange: Callable[[str], list[str]], timeout: f
       log: send what C and C++ write to standard error there (`abort_guard.divert_stderr`),
         hold XLA's aborts and read their status from it; None leaves both alone. `stop`
         undoes both.
+      what: the strategy, for a report before the loop names it (`armed` sets it too).
     """
     global _dog
     stop()
@@ -224,6 +236,7 @@ def start(rank: int, size: int, exchange: Callable[[str], list[str]], timeout: f
                     f"message: {log}. Ending the job (exit status {PeerLost.exit_code}).\n")
         notice = abort_guard.guard_aborts(sys.stderr.fileno(), fallback, PeerLost.exit_code)
     _dog = Watchdog(peers, timeout, log, notice)
+    _dog.what = what
     _dog.thread.start()
     return _dog
 

@@ -184,7 +184,11 @@ if case == "abort":
     notice = abort_guard.guard_aborts(sys.stderr.fileno(), "fallback\\n", 75)
 dog = watchdog.Watchdog(me, 2.0, log, notice)
 watchdog._dog = dog
+dog.what = "dp-auto"
 dog.thread.start()
+if case == "start":  # the peer silent while this process prepares: its loop never starts
+    print("stuck", flush=True)
+    time.sleep(30)
 with watchdog.armed("dp-auto", lambda: "To go on, run the same command again."):
     for step in range(1, 6):  # a few healthy steps, the peer answering
         peer.send(step)
@@ -225,6 +229,38 @@ def test_a_wait_past_the_bound_ends_the_process_with_75_naming_the_silent_one():
     assert ("jaxpar: dp-auto stopped at step 6: no step finished for 2 s (--collective-timeout 2; "
             "before its step time was measured); rank 1 on host-b has been silent for") in proc.stderr
     assert proc.stderr.rstrip().endswith("Ending the job (exit status 75). To go on, run the same command again.")
+
+
+def test_a_process_silent_past_the_bound_before_the_loop_ends_the_job_naming_it():
+    """Before the loop (compiling, restoring) no wait is timed, but a process silent past the
+    bound is gone, not slow: the job ends with 75 naming it."""
+    proc, took = child("start")
+    assert proc.returncode == PeerLost.exit_code and "not ended" not in proc.stdout
+    assert 1.5 <= took < 2.0 + 3, took  # silent since the pair was made, just before "stuck"
+    assert re.search(r"jaxpar: dp-auto stopped before its first step: rank 1 on host-b has been "
+                     r"silent for \d+ s \(last heard at step 0\), past --collective-timeout 2 while "
+                     r"the processes prepared \(compiling, restoring\)\. Ending the job \(exit status "
+                     r"75\)\.", proc.stderr), proc.stderr
+
+
+def test_only_before_the_loop_does_silence_alone_end_the_job(monkeypatch):
+    """Quiet for less than the bound while preparing: a busy start, nothing happens; after the
+    loop (its waits done) a process that ended and fell silent is not a lost one."""
+    zero, one = beacon_pair()
+    dog = watchdog.Watchdog(zero, 2.0, None, None)
+    fired = []
+    monkeypatch.setattr(dog, "_fire", fired.append)
+    now = time.monotonic()
+    zero.heard[1] = now - 1.5
+    dog._check(now)
+    assert fired == []
+    zero.heard[1] = now - 2.5
+    dog._check(now)
+    assert fired == ["start"]
+    fired.clear()
+    dog.in_loop = True  # the loop ran and ended (disarmed)
+    dog._check(now)
+    assert fired == []
 
 
 def test_a_wait_that_failed_is_reported_as_a_lost_process_not_a_crash():
