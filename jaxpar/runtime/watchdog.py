@@ -59,13 +59,14 @@ _dog: Watchdog | None = None
 class Watchdog:
     """The thread (one per process) and what it knows: the loop's last progress, the peers."""
 
-    def __init__(self, peers: Beacons, timeout: float, log: Path | None, notice_fd: int | None):
+    def __init__(self, peers: Beacons, timeout: float, log: Path | None, notice_fd: int | None,
+                 what: str = ""):
         self.peers, self.timeout, self.log, self.notice_fd = peers, timeout, log, notice_fd
         self.interval = min(1.0, max(0.1, timeout / 20))   # beacons: several per bound
         self.step, self.last = 0, time.monotonic()
         self.durations: list[tuple[float, int]] = []  # (seconds, steps) between the loop's waits
         self.expected: float | None = None
-        self.what, self.resume = "", (lambda: "")
+        self.what, self.resume = what, (lambda: "")  # the strategy (`armed` sets it too)
         self.is_armed = self.in_loop = self.noticed = self.stopping = False
         self.firing = threading.Lock()  # one report per process (the thread or the loop)
         self.started, self.cpu_s = time.monotonic(), 0.0  # the thread's own CPU time: its cost
@@ -149,6 +150,11 @@ class Watchdog:
         """What happened, who went silent, what the job does and how to go on."""
         me = self.peers.where(self.peers.rank)
         where = "" if self.peers.rank == 0 else f" ({me})"
+        if why == "start":
+            return (f"jaxpar{where}: {self.what or 'the run'} stopped before its first step: "
+                    f"{self._who(now)}, past --collective-timeout {self.timeout:g} while the "
+                    f"processes prepared (compiling, restoring). Ending the job (exit status "
+                    f"{PeerLost.exit_code}).")
         if why == "abort":
             lost = abort_guard.lost_in(abort_guard.tail(self.log)) if self.log else None
             cause = f"jax.distributed ended {me}: {self._xla(lost, now)}"
@@ -158,12 +164,7 @@ class Watchdog:
         else:
             cause = (f"no step finished for {now - self.last:.0f} s (--collective-timeout "
                      f"{self.timeout:g}; {self._usual()}); {self._who(now)}")
-        log = f" XLA's messages: {self.log}." if self.log and why not in ("timeout", "start") else ""
-        if why == "start":
-            return (f"jaxpar{where}: {self.what or 'the run'} stopped before its first step: "
-                    f"{self._who(now)}, past --collective-timeout {self.timeout:g} while the "
-                    f"processes prepared (compiling, restoring). Ending the job (exit status "
-                    f"{PeerLost.exit_code}).")
+        log = f" XLA's messages: {self.log}." if self.log and why != "timeout" else ""
         return (f"jaxpar{where}: {self.what or 'the run'} stopped at step {self.step + 1}: {cause}."
                 f"{log} Ending the job (exit status {PeerLost.exit_code}). {self.resume()}")
 
@@ -235,8 +236,7 @@ def start(rank: int, size: int, exchange: Callable[[str], list[str]], timeout: f
         fallback = (f"jaxpar ({peers.where(rank)}): jax.distributed ended this process; XLA's "
                     f"message: {log}. Ending the job (exit status {PeerLost.exit_code}).\n")
         notice = abort_guard.guard_aborts(sys.stderr.fileno(), fallback, PeerLost.exit_code)
-    _dog = Watchdog(peers, timeout, log, notice)
-    _dog.what = what
+    _dog = Watchdog(peers, timeout, log, notice, what)
     _dog.thread.start()
     return _dog
 

@@ -182,9 +182,8 @@ if case == "abort":
     log = __import__("pathlib").Path(sys.argv[2])
     abort_guard.divert_stderr(log)
     notice = abort_guard.guard_aborts(sys.stderr.fileno(), "fallback\\n", 75)
-dog = watchdog.Watchdog(me, 2.0, log, notice)
+dog = watchdog.Watchdog(me, 2.0, log, notice, "dp-auto")
 watchdog._dog = dog
-dog.what = "dp-auto"
 dog.thread.start()
 if case == "start":  # the peer silent while this process prepares: its loop never starts
     print("stuck", flush=True)

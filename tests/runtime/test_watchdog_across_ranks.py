@@ -73,11 +73,12 @@ def test_a_silent_rank_ends_the_job_within_the_bound_naming_it(strategy, tmp_pat
 def _beacons_open(pid: int) -> bool:
     """Whether process `pid` holds a UDP socket: its watchdog has joined and sends beacons."""
     try:
-        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
-        table = "".join(open(f"/proc/{pid}/net/{name}").read() for name in ("udp", "udp6"))
+        held = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        rows = [line.split() for name in ("udp", "udp6")
+                for line in open(f"/proc/{pid}/net/{name}").read().splitlines()[1:]]
     except OSError:
         return False
-    return any(f"socket:[{line.split()[9]}]" in inodes for line in table.splitlines()[1:] if len(line.split()) > 9)
+    return any(f"socket:[{row[9]}]" in held for row in rows)  # column 9: the socket's inode
 
 
 @needs_mpiexec
