@@ -22,7 +22,7 @@ from jaxpar.profiling import measure
 from jaxpar.config import TrainConfig, to_dict
 from jaxpar.errors import ConfigError
 from jaxpar.optim import make_optimizer
-from jaxpar.parallel.pipeline.host import timeline as host_timeline
+from jaxpar.parallel.pipeline.host import serial as host_serial, timeline as host_timeline
 from jaxpar.parallel.pipeline.schedules import timed_bubble
 from jaxpar.results import RunResult, capture_provenance, environment
 from jaxpar.runtime import watchdog
@@ -66,7 +66,7 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
                                                   warmup, iters, wire)
     median_s = sorted(times)[len(times) // 2]
     peak = measure.matmul_peak(list(mesh.devices.flat))["gflops"] if matmul_peak else None
-    measured_timeline = _timeline(strategy, state, batch, median_s) if timeline else {}
+    measured_timeline = _timeline(strategy, state, batch) if timeline else {}
     accounting = strategy.accounting(programs, state)
     achieved = programs.flops / median_s / 1e9
     metrics = {
@@ -148,22 +148,28 @@ def wire_counters(interface: str) -> dict[str, int]:
     return {name: int((folder / name).read_text()) for name in WIRE_COUNTERS}
 
 
-def _timeline(strategy, state, batch, step_s: float) -> dict:
-    """One stamped step's events and its idle fraction; the schedule's bubble, and its bubble
-    replayed with the step's own measured action times (`bubble_timed`) beside the bubble of
-    the timed step itself (`bubble_measured`: the devices' stamped work against S x the median
-    step the runtime ran, unstamped)."""
+def _timeline(strategy, state, batch) -> dict:
+    """One stamped step's events and its idle fraction (the order, for the figure), and the
+    bubble twice, for the steps walked from the host: the schedule's table replayed with each
+    action's measured time (`bubble_timed`, its theory) and the walk's own (`bubble_measured`:
+    the devices' work against devices x the median walk, less what it runs outside any
+    action). Action times come from walks whose programs ran alone (`host.serial`), not from
+    the stamped one: its stamps lengthen every program. Both time the walk's programs, not
+    the one program per device a step may run instead (`step_programs`)."""
     events = strategy.timeline(state, batch)
     describe = strategy.describe()
-    seconds = host_timeline.action_seconds(events)
-    devices = len(strategy.devices)
+    seconds, outside_s = host_serial.medians(strategy.serial_steps(state, batch))
+    walk_s = float(np.median(strategy.walked_seconds(state, batch)))
+    schedule = strategy.schedule
+    busy_s = sum(seconds[a.kind, a.stage] for lst in schedule.lists for a in lst)
     return {"timeline": {"events": events,
-                         "idle_fraction": host_timeline.idle_fraction(events, devices),
-                         "bubble_measured": 1.0 - host_timeline.busy_ms(events) / (devices * 1000 * step_s),
+                         "idle_fraction": host_timeline.idle_fraction(events, len(strategy.devices)),
+                         "bubble_measured": 1.0 - busy_s / (schedule.devices * (walk_s - outside_s)),
                          "bubble_fraction": describe.get("bubble_fraction", 0.0),
                          "bubble_theory": describe.get("bubble_theory", 0.0),
-                         "bubble_timed": timed_bubble(strategy.schedule, seconds),
-                         "action_ms": {f"{k}{s}": 1000 * v for (k, s), v in sorted(seconds.items())}}}
+                         "bubble_timed": timed_bubble(schedule, seconds),
+                         "action_ms": {f"{k}{s}": 1000 * v for (k, s), v in sorted(seconds.items())},
+                         "outside_ms": 1000 * outside_s, "walk_ms": 1000 * walk_s}}
 
 
 def report(result: RunResult) -> str:

@@ -175,9 +175,7 @@ def pipeline_timeline(result: dict, out: Path) -> Path | None:
         ax.set_xlim(0, span * 1.01)
         ax.set_ylim(len(devices), 0)
         ax.set_yticks([d + 0.5 for d in devices], [f"device {d}" for d in devices])
-        ax.set_title(f"{name}, {tl['model']}, {len(devices)} devices: measured idle {tl['idle_fraction']:.0%} "
-                     f"of devices x span; schedule's bubble {tl['bubble_fraction']:.0%} (theory "
-                     f"{tl['bubble_theory']:.0%}); the timed step {tl['step_ms']:.1f} ms", fontsize=9)
+        ax.set_title(f"{name}, {tl['model']}, {len(devices)} devices: {_bubbles(tl)}", fontsize=9)
     shown = [k for k in KIND_COLORS if any(e["kind"] == k for tl in timelines.values() for e in tl["events"])]
     handles = [plt.Rectangle((0, 0), 1, 1, fc=KIND_COLORS[k], ec="k") for k in shown]
     labels = [KIND_LABELS[k] for k in shown]
@@ -186,6 +184,16 @@ def pipeline_timeline(result: dict, out: Path) -> Path | None:
     fig.tight_layout()
     legend_below(fig, handles, labels)
     return save(fig, out / "pipeline_timeline.png")
+
+
+def _bubbles(tl: dict) -> str:
+    """The title's bubbles: the walked step's beside its table's with the same action times
+    (older files: the stamped idle share beside the schedule's)."""
+    if tl.get("walk_ms") is not None:
+        return (f"walked, idles {tl['bubble_measured']:.0%} of devices x walk; its table with the same "
+                f"action times {tl['bubble_timed']:.0%} (unit times {tl['bubble_fraction']:.0%})")
+    return (f"measured idle {tl['idle_fraction']:.0%} of devices x span; schedule's bubble "
+            f"{tl['bubble_fraction']:.0%}; the timed step {tl['step_ms']:.1f} ms")
 
 
 FIGURES = (("pipeline", (("pipeline_bubble.png", pipeline_bubble),

@@ -26,12 +26,14 @@ only as far as idle stages free cores for busy ones: the figure states the cores
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from experiments import options
 from experiments.options import BenchOptions, option
 from experiments.points import points
+from experiments.points.mpi import check_ranks
 from experiments.points.points import Point
 from experiments.studies.study import Study, at_least
 from jaxpar import results
@@ -43,6 +45,9 @@ from jaxpar.parallel.pipeline.gems import Gems
 
 MODEL = "stack-mlp"  # its blocks make stages of equal cost: the bubble is the schedule's alone
 PICTURE_MAX_M = 8  # the schedule picture uses the largest M up to this (readable blocks)
+# Across ranks, every schedule that runs there as one program per process (GEMS puts a copy of
+# each stage on two processes: walked from the host, not comparable).
+RANK_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zbv", "dualpipev")
 GEMS = Gems.name  # `--strategy gems`, and its table in schedules.GENERATORS; the others are `pipeline --schedule NAME`
 
 
@@ -66,13 +71,20 @@ class PipelineConfig:
     timeline_stages: int = option(2, "stages (simulated devices) of the measured timelines (0: none)")
     timeline_microbatches: tuple[int, ...] = option((4, 8), "micro-batches M of the measured timelines")
     timeline_batch_size: int = option(128, "global batch of the measured timelines")
+    # Every schedule across processes with a core each, as the schedules' gains are claimed
+    # (simulated devices sharing cores fill one another's bubbles): the stack-mlp at the
+    # study's width and depth, a batch small enough that each micro-batch's programs are short.
+    ranks: int = option(2, "MPI ranks of the rank points: every schedule across R processes of one device and one thread each (0: none)")
+    rank_microbatches: tuple[int, ...] = option((4, 8), "micro-batches M of the rank points")
+    rank_batch_size: int = option(128, "global batch of the rank points")
+    rank_rounds: int = option(7, "passes over every rank point, the order rotated each pass; a schedule's gain is the median of its rounds' ratios to 1F1B's step")
 
 
 # S=2, M up to 4, a tiny stack-mlp; throughput measured at the largest M only.
 QUICK = dataclasses.replace(PipelineConfig(), stages=2, max_microbatches=4, width=32, depth=2,
                             batch_size=64, measured_microbatches=(4,), iters=3, warmup=1,
                             rounds=1, timeout=120, timeline_model=MODEL, timeline_microbatches=(4,),
-                            timeline_batch_size=64)
+                            timeline_batch_size=64, ranks=0)
 
 
 def planned_microbatches(config: PipelineConfig) -> tuple[list[int], list[int]]:
@@ -90,6 +102,21 @@ def planned_microbatches(config: PipelineConfig) -> tuple[list[int], list[int]]:
         raise ConfigError(f"--batch-size {config.batch_size} must be a multiple of the largest "
                           f"M = {max(measured)} (each micro-batch gets batch/M rows)")
     return counts, measured
+
+
+def check_rank_points(config: PipelineConfig) -> None:
+    """ConfigError naming the fix for rank points that cannot run, before any work."""
+    if not (config.ranks and config.measure):
+        return
+    if config.ranks < 2:
+        raise ConfigError(f"--ranks must be 0 (no rank points) or >= 2 for a pipeline, got {config.ranks}")
+    at_least(config, 1, "rank_rounds", "rank_batch_size", "rank_microbatches")
+    if not config.rank_microbatches:
+        raise ConfigError("--rank-microbatches needs at least one M, e.g. 4,8")
+    if config.rank_batch_size % max(config.rank_microbatches):
+        raise ConfigError(f"--rank-batch-size {config.rank_batch_size} must be a multiple of the largest "
+                          f"--rank-microbatches {max(config.rank_microbatches)}")
+    check_ranks(("pipeline",), (config.ranks,), (MODEL,))
 
 
 def counts_for(name: str, stages: int, microbatch_counts: list[int]) -> list[int]:
@@ -172,6 +199,36 @@ def timeline_point(config: PipelineConfig, schedule: str, m: int) -> Point:
     return Point(f"timelines/{schedule}-S{S}-M{m}", train, bench)
 
 
+def point_on_ranks(config: PipelineConfig, schedule: str, m: int) -> Point:
+    """One (schedule, M) across `config.ranks` MPI ranks: `pipeline` over jax.distributed, a
+    stage per rank (its step one program per process), each rank one device on one core."""
+    R = config.ranks
+    train = with_options(TrainConfig(), dataset="synthetic", model=MODEL, width=config.width,
+                         depth=config.depth, strategy="pipeline", schedule=schedule, devices=1,
+                         mesh=format_mesh({STAGE: R}), microbatches=m, single_thread=True,
+                         batch_size=config.rank_batch_size)
+    bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False)
+    return Point(f"ranks/{schedule}-R{R}-M{m}", train, bench, ranks=R)
+
+
+def rows_on_ranks(config: PipelineConfig, planned: dict, by_folder: dict) -> list[dict]:
+    """Per (schedule, M) across ranks: the median round's step, every round's, and the median
+    over rounds of the step's ratio to 1F1B's in the same round (rounds a few minutes apart
+    drift together: the ratio within one is the gain); the table's bubble with a backward
+    twice a forward."""
+    rows = []
+    for (name, m), point in planned.items():
+        rounds = [r.metrics["step_time_ms_median"] for r in by_folder[point.folder]]
+        ones = [r.metrics["step_time_ms_median"] for r in by_folder[planned["1f1b", m].folder]]
+        rows.append({"schedule": name, "M": m, "ranks": config.ranks,
+                     "step_ms": points.median_round(by_folder[point.folder]).metrics["step_time_ms_median"],
+                     "step_ms_rounds": rounds,
+                     "to_1f1b": float(statistics.median(a / b for a, b in zip(rounds, ones))),
+                     "bubble": schedules.timed_bubble(schedules.build(name, config.ranks, m)),
+                     "point": point.folder})
+    return rows
+
+
 def timeline_of(result: results.RunResult, folder: str) -> dict:
     return {**result.metrics["timeline"], "step_ms": result.metrics["step_time_ms_median"],
             "model": result.config["model"]["model"], "point": folder}
@@ -197,6 +254,7 @@ def measurement(measured: list[results.RunResult], folder: str) -> dict:
 def run(config: PipelineConfig) -> list[Path]:
     """Tables for every M, measured points, OUT/pipeline.json; return its path."""
     counts, measured = planned_microbatches(config)
+    check_rank_points(config)
     planned = {(s, m): schedule_point(config, s, m) for s in schedules.GENERATORS
                for m in counts_for(s, config.stages, measured)}
     # --no-measure: the tables alone, no timeline either
@@ -206,6 +264,10 @@ def run(config: PipelineConfig) -> list[Path]:
     reference = [single_point(config)] if planned else []
     by_folder = points.run_rounds([*reference, *planned.values()], config.rounds, config.out,
                                   config.timeout)
+    on_ranks = {(s, m): point_on_ranks(config, s, m) for s in RANK_SCHEDULES if config.ranks and config.measure
+                for m in counts_for(s, config.ranks, list(config.rank_microbatches))}
+    on_ranks_by_folder = points.run_rounds(list(on_ranks.values()), config.rank_rounds, config.out,
+                                           config.timeout) if on_ranks else {}
     outcomes = {key: by_folder[p.folder] for key, p in planned.items()}
     single = {"images_per_sec": None, "step_ms": None}  # --no-measure: no reference either
     for p in reference:
@@ -213,6 +275,7 @@ def run(config: PipelineConfig) -> list[Path]:
     stamped = points.run_points(list(timed.values()), config.out, config.timeout)  # one stamped step each
     timelines = {s: timeline_of(r, timed[s].folder) for s, r in zip(timed, stamped)}
     rows, tables = schedule_rows(config.stages, counts)
+    result_ranks = rows_on_ranks(config, on_ranks, on_ranks_by_folder)
     point_env = None
     for r in rows:
         r.update(images_per_sec=None, step_ms=None, temp_bytes=None, activation_bytes=None)
@@ -224,6 +287,9 @@ def run(config: PipelineConfig) -> list[Path]:
             if r["images_per_sec"] else "not measured"
         print(f"{r['schedule']:6s} S={config.stages} M={r['M']:3d} bubble={r['bubble']:.3f} "
               f"theory={r['theory']:.3f} peak_in_flight={r['peak_in_flight']:3d}  {tput}", flush=True)
+    for r in result_ranks:
+        print(f"{r['schedule']:16s} on {r['ranks']} ranks M={r['M']}: {r['step_ms']:7.1f} ms, "
+              f"{r['to_1f1b']:.3f} of 1F1B's step (median of {len(r['step_ms_rounds'])} rounds)", flush=True)
     if single["images_per_sec"]:
         print(f"single on 1 device, batch {config.batch_size}: {single['images_per_sec']:,.0f} img/s "
               f"{single['step_ms']:.1f} ms", flush=True)
@@ -232,6 +298,7 @@ def run(config: PipelineConfig) -> list[Path]:
     result = results.RunResult(kind="pipeline", config=record, env=results.environment(),
                                metrics={"stages": config.stages, "rows": rows, "tables": tables,
                                         "point_env": point_env, "timelines": timelines,
+                                        "ranks": result_ranks,
                                         "single": single})
     path = results.write_atomic(Path(config.out) / "pipeline.json", result.to_json() + "\n")
     print(f"wrote {path}")

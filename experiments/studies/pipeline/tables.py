@@ -101,13 +101,13 @@ def pipeline_findings(data_dir: Path) -> str:
 
 
 def _timeline_line(name: str, tl: dict) -> str:
-    """One measured timeline: the timed step's bubble beside its schedule's replayed with the
-    step's own action times (older files: the stamped walk's idle share beside the table's)."""
-    if tl.get("bubble_measured") is not None:
-        return (f"Timeline, {name} ({tl['model']}): the timed step ({tl['step_ms']:.1f} ms) idles "
-                f"{percent(tl['bubble_measured'])} of devices x step against {percent(tl['bubble_timed'])}, "
-                f"its schedule replayed with the step's own measured action times; the stamped step, "
-                f"walked from the host, idles {percent(tl['idle_fraction'])}.")
+    """One measured timeline: the walked step's bubble beside its table's, replayed with the
+    same action times (older files: the stamped walk's idle share beside the table's)."""
+    if tl.get("walk_ms") is not None:
+        return (f"Timeline, {name} ({tl['model']}): walked from the host ({tl['walk_ms']:.1f} ms before "
+                f"its updates), the step idles {percent(tl['bubble_measured'])} of devices x walk against "
+                f"{percent(tl['bubble_timed'])}, its table replayed with the same action times (each program "
+                f"timed alone); as one program per device the step takes {tl['step_ms']:.1f} ms.")
     return (f"Timeline, {name} ({tl['model']}): measured idle {percent(tl['idle_fraction'])} of devices x "
             f"span against the schedule's bubble of {percent(tl['bubble_fraction'])}; the timed step "
             f"{tl['step_ms']:.1f} ms.")
@@ -127,4 +127,30 @@ def _timeline_cut(data_dir: Path, m: dict) -> str:
     return f"The timelines' {timelines[0]['model']} cut by FLOPs into stages ({first}): {shares} of its FLOPs."
 
 
-TABLES = {"pipeline": pipeline_table, "pipeline-findings": pipeline_findings}
+def pipeline_ranks_table(data_dir: Path) -> str:
+    """Every schedule across ranks: per M the median round's step, the median of the rounds'
+    ratios to 1F1B's step (below 1: faster), and the table's bubble (a backward twice a
+    forward)."""
+    rows = sources.load_source(data_dir, "pipeline")["metrics"].get("ranks") or []
+    if not rows:
+        return "No rank points in this run (`--ranks 0`)."
+    by = {(r["schedule"], r["M"]): r for r in rows}
+    counts = sorted({r["M"] for r in rows})
+    out = [[name, *[cell for m in counts for cell in _rank_cells(by.get((name, m)))]]
+           for name in dict.fromkeys(r["schedule"] for r in rows)]
+    rounds = len(rows[0]["step_ms_rounds"])
+    head = [h for m in counts for h in (f"M={m} ms/step", f"M={m} of 1F1B's step", f"M={m} table bubble")]
+    return (f"`pipeline` across {rows[0]['ranks']} MPI ranks of one device and one thread each (stack-mlp, "
+            f"a stage per rank, its step one program per process); {rounds} rounds, the order rotated each; "
+            f"a step's ratio to 1F1B's is the median over rounds of the ratio within a round.\n\n"
+            + markdown(["schedule", *head], out))
+
+
+def _rank_cells(row: dict | None) -> list:
+    if row is None:
+        return [DASH] * 3
+    return [num(row["step_ms"], 1), f"{row['to_1f1b']:.3f}", percent(row["bubble"])]
+
+
+TABLES = {"pipeline": pipeline_table, "pipeline-findings": pipeline_findings,
+          "pipeline-ranks": pipeline_ranks_table}

@@ -231,6 +231,14 @@ class PipelineStrategy(Strategy):
         `bench --timeline` refuses the SPMD runtime before any work)."""
         return self.runtime.timeline(state, batch)
 
+    def serial_steps(self, state, batch, walks: int = 3):
+        """Every action's programs timed alone, `walks` times (`host.serial`)."""
+        return self.runtime.serial_steps(state, batch, walks)
+
+    def walked_seconds(self, state, batch, iters: int = 10) -> list[float]:
+        """The host walk's time, its programs overlapping (`HostRuntime.walked_seconds`)."""
+        return self.runtime.walked_seconds(state, batch, iters)
+
     def state_to_reference(self, state):
         return self.runtime.state_to_reference(state)
 

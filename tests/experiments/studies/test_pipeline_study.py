@@ -2,10 +2,15 @@
 1F1B holds fewer micro-batches than GPipe, GEMS idles less than both at no more micro-batches
 in flight but holds twice the parameters, and the figures redraw from the JSON alone."""
 
+import dataclasses
 import json
 import shutil
+from types import SimpleNamespace
+
+import pytest
 
 from experiments.__main__ import run
+from experiments.studies.pipeline.study import PipelineConfig, point_on_ranks, rows_on_ranks
 
 
 def test_quick_study_measures_points_and_matches_theory(tmp_path):
@@ -53,7 +58,9 @@ def test_quick_study_measures_points_and_matches_theory(tmp_path):
         assert sorted(e["microbatch"] for e in work if e["stage"] == last and e["kind"][0] == "F") == list(range(M)), key
         assert all(0 <= e["start_ms"] <= e["end_ms"] for e in work), key
         assert 0 <= tl["idle_fraction"] < 1, key
-        assert 0 <= tl["bubble_timed"] < 1 and tl["bubble_measured"] < 1, key  # the timed step's beside its theory
+        # the walked step's bubble beside its table's, both from the actions' times alone
+        assert 0 <= tl["bubble_timed"] < 1 and tl["bubble_measured"] < 1 and tl["walk_ms"] > 0, key
+        assert set(tl["action_ms"]) >= {f"F{s}" for s in range(last + 1)}, key
         if name in ("gpipe", "1f1b", "gems"):
             assert tl["bubble_fraction"] == by[name, M]["bubble"], key
         if name in ("zb-h1", "zbv"):  # the split backward: its input and weight gradients stamped apart
@@ -79,3 +86,24 @@ def test_bad_options_exit_2_with_the_fix(tmp_path, capsys):
     assert run(["pipeline", "--batch-size", "100", "--out", str(tmp_path)]) == 2
     assert "multiple of the largest" in capsys.readouterr().err
     assert not (tmp_path / "pipeline.json").exists()
+    assert run(["pipeline", "--ranks", "1", "--out", str(tmp_path)]) == 2
+    assert "--ranks must be 0 (no rank points) or >= 2" in capsys.readouterr().err
+    assert run(["pipeline", "--rank-batch-size", "100", "--out", str(tmp_path)]) == 2
+    assert "--rank-batch-size 100 must be a multiple of the largest --rank-microbatches 8" in capsys.readouterr().err
+    assert not (tmp_path / "pipeline.json").exists()
+
+
+def test_a_schedules_gain_across_ranks_is_the_median_of_its_rounds_ratios():
+    """Rounds drift together (the machine's speed changes over minutes): the gain is read
+    within each round, then the median taken; the row's step is the median round's."""
+    config = dataclasses.replace(PipelineConfig(), ranks=2, rank_microbatches=(4,))
+    planned = {(s, 4): point_on_ranks(config, s, 4) for s in ("1f1b", "zb-h1")}
+    steps = {"1f1b": [10.0, 20.0, 30.0], "zb-h1": [9.0, 19.0, 27.0]}  # a slow round between two fast
+    by_folder = {planned[s, 4].folder: [SimpleNamespace(metrics={"step_time_ms_median": t}) for t in ts]
+                 for s, ts in steps.items()}
+    rows = {r["schedule"]: r for r in rows_on_ranks(config, planned, by_folder)}
+    assert rows["zb-h1"]["to_1f1b"] == 0.9 and rows["1f1b"]["to_1f1b"] == 1.0  # not 19/20
+    assert rows["zb-h1"]["step_ms"] == 19.0 and rows["zb-h1"]["step_ms_rounds"] == steps["zb-h1"]
+    assert rows["zb-h1"]["bubble"] < rows["1f1b"]["bubble"] == pytest.approx(0.2)
+    point = planned["zb-h1", 4]
+    assert point.ranks == 2 and point.config.parallel.single_thread and point.config.parallel.devices == 1

@@ -91,3 +91,25 @@ def test_a_state_moves_between_schedules_and_goes_on_as_single():
         state, sums = strategy.step(state, strategy.place_batch(batch))
         strategy.host_sums(sums)
     eq.assert_tree_close(ref.params, strategy.to_reference(state))
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_each_action_timed_alone_leaves_the_step_as_it_was(schedule):
+    """`bench --timeline`'s action times: a walk whose programs run one at a time charges
+    every action of the table (a last stage's backward, run inside its forward's program,
+    nothing; the first stage's forwards and backwards their own time) and changes nothing:
+    the gradients after it are those before."""
+    cfg = eq.config(strategy="pipeline", mesh="stage=2", schedule=schedule, pipeline_impl="mpmd",
+                    microbatches=4, **STACK)
+    got = eq.run(cfg, steps=1, devices=2)
+    strategy, batch = got.strategy, got.strategy.place_batch(eq.batches(STACK["batch_size"], 1)[0])
+    before = strategy.gradients(got.state, batch)
+    (took,) = strategy.serial_steps(got.state, batch, walks=1)
+    assert set(took.actions) == {a for lst in strategy.schedule.lists for a in lst}
+    last = strategy.schedule.stages - 1
+    for a, seconds in took.actions.items():
+        inside_its_forward = a.stage == last and a.kind in ("B", "I")
+        assert (seconds == 0) == inside_its_forward, (a, seconds)
+    assert set(took.outside) == {0, 1} and all(s > 0 for s in took.outside.values())
+    assert all(s > 0 for s in strategy.walked_seconds(got.state, batch, iters=2))
+    eq.assert_tree_close(before, strategy.gradients(got.state, batch), tol=0.0, what="gradients")

@@ -14,7 +14,9 @@ from __future__ import annotations
 import math
 import time
 
-from jaxpar.parallel.pipeline.host import aot, column, timeline, walk
+import jax
+
+from jaxpar.parallel.pipeline.host import aot, column, serial, timeline, walk
 from jaxpar.parallel.pipeline.host.programs import ProgramTable, register_stage_programs
 from jaxpar.parallel.pipeline.host.state import StageStates
 from jaxpar.parallel.pipeline.schedules import peak_in_flight, table
@@ -95,6 +97,26 @@ class HostRuntime:
     def timeline(self, state, batch) -> list[dict]:
         """A measured per-device timeline of one step (the walk's programs, stamped)."""
         return timeline.timeline(lambda: self._walk(state, batch, "timeline"), self.programs.stamps)
+
+    def serial_steps(self, state, batch, walks: int) -> list[serial.SerialStep]:
+        """`walks` steps' programs each run alone and timed (`serial`), after one that compiles
+        what the step's own compile did not (the walk's programs, where the step is one
+        program per device)."""
+        run = lambda: serial.serial_step(self.schedule, self.programs, self.placement, self.states, state, batch)  # noqa: E731
+        run()
+        return [run() for _ in range(walks)]
+
+    def walked_seconds(self, state, batch, iters: int) -> list[float]:
+        """The walk's time (the step before its updates) when its programs run as dispatched,
+        the devices overlapping as the table lets them: `iters` walks each waited for, after
+        one that compiles. Where the step is one program per device (`column`), it is that
+        program, not this walk, that `bench` times."""
+        def once():
+            start = time.perf_counter()
+            jax.block_until_ready(self._walk(state, batch, "step"))
+            return time.perf_counter() - start
+        once()
+        return [once() for _ in range(iters)]
 
     # --- accounting ----------------------------------------------------------------------------
     def transfer_bytes_per_step(self, batch_size: int) -> int:

@@ -100,26 +100,3 @@ def _covered(intervals: list[tuple[float, float]]) -> float:
             total += end - max(start, reach)
             reach = end
     return total
-
-
-def busy_ms(events: list[dict]) -> float:
-    """The stage work's milliseconds summed over every device (programs on one device may
-    overlap: their union)."""
-    work = [e for e in events if e["kind"] in ("F", "B", "I", "W", "F+B", "F+I")]
-    return sum(_covered(sorted((e["start_ms"], e["end_ms"]) for e in work if e["device"] == d))
-               for d in {e["device"] for e in work})
-
-
-def action_seconds(events: list[dict]) -> dict[tuple[str, int], float]:
-    """Each (kind, stage)'s median duration in the stamped step, as `schedules.timed_bubble`
-    takes them: the last stage's forward that also ran its backward ("F+B", or "F+I" with the
-    input gradient) stands for its forward, its backward then taking no time of its own."""
-    took: dict[tuple[str, int], list[float]] = {}
-    for e in events:
-        kind = e["kind"]
-        if kind not in ("F", "B", "I", "W", "F+B", "F+I"):
-            continue
-        took.setdefault((kind[0], e["stage"]), []).append((e["end_ms"] - e["start_ms"]) / 1000)
-        if kind in ("F+B", "F+I"):
-            took.setdefault((kind[-1], e["stage"]), []).append(0.0)
-    return {key: float(np.median(v)) for key, v in took.items()}
