@@ -192,6 +192,8 @@ def report(result: RunResult) -> str:
         f"  state/device     {m['state_bytes_per_device']:,} B (parameters + optimizer state)",
         f"  memory/device    args {m['memory_per_device']['argument_bytes']:,} B, temp "
         f"{m['memory_per_device']['temp_bytes']:,} B",
-        *([f"  timeline         measured idle {m['timeline']['idle_fraction']:.1%} of devices x span "
-           f"(schedule's bubble {m['timeline']['bubble_fraction']:.1%})"] if "timeline" in m else []),
+        *([f"  timeline         walked step {m['timeline']['walk_ms']:.2f} ms idles "
+           f"{m['timeline']['bubble_measured']:.1%} of devices x walk; its table with the same action "
+           f"times {m['timeline']['bubble_timed']:.1%} (unit times {m['timeline']['bubble_fraction']:.1%})"]
+          if "timeline" in m else []),
     ])

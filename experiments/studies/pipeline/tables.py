@@ -143,7 +143,17 @@ def pipeline_ranks_table(data_dir: Path) -> str:
     return (f"`pipeline` across {rows[0]['ranks']} MPI ranks of one device and one thread each (stack-mlp, "
             f"a stage per rank, its step one program per process); {rounds} rounds, the order rotated each; "
             f"a step's ratio to 1F1B's is the median over rounds of the ratio within a round.\n\n"
-            + markdown(["schedule", *head], out))
+            + markdown(["schedule", *head], out) + "\n\n" + _rank_gains(rows, counts))
+
+
+def _rank_gains(rows: list[dict], counts: list[int]) -> str:
+    """Per M, the schedules faster than 1F1B across the ranks (median ratio below 1)."""
+    lines = []
+    for m in counts:
+        faster = sorted((r for r in rows if r["M"] == m and r["to_1f1b"] < 1), key=lambda r: r["to_1f1b"])
+        lines.append(f"At M = {m}, faster than 1F1B: " + (", ".join(
+            f"{r['schedule']} by {percent(1 - r['to_1f1b'])}" for r in faster) or "none") + ".")
+    return bullets(lines)
 
 
 def _rank_cells(row: dict | None) -> list:
