@@ -16,6 +16,11 @@ round, each round's order rotated (`points.in_rounds`); a row is the point's med
     python -m experiments pipeline --quick --out /tmp/pipe           # S=2, M=1..4, tiny model
     python -m experiments pipeline --no-measure --out /tmp/pipe      # schedule tables only
 
+Beside them, every schedule across --ranks MPI ranks (default 2) of one device and one thread
+each, `pipeline` over jax.distributed (each rank's step one program), stack-mlp, M in
+--rank-microbatches, --rank-rounds rounds rotated: a schedule's gain is the median of its
+rounds' step ratios to 1F1B's (rows under metrics["ranks"], points under OUT/ranks/).
+
 Writes OUT/pipeline.json (RunResult, kind 'pipeline') and one bench result per measured point
 and round under OUT/points/<schedule>-M<m>/r<k>/ (the reference: OUT/points/single/r<k>/); a
 stopped study resumes from the points already there.

@@ -2,8 +2,8 @@
 program waited for before the next is dispatched, its inputs ready before its clock starts.
 
 The stamped timeline (`timeline`) shows the order, but its callbacks and the pass that ties
-each tensor to a stamp lengthen every program (a 2-stage CNN's stamped step ran 3x its timed
-one), so its durations overstate the work. Here no program is changed: each runs as the step
+each tensor to a stamp lengthen every program and leave gaps between them (a 2-stage CNN's
+stamped step idled two thirds of its span), so its durations overstate the work. Here no program is changed: each runs as the step
 runs it, alone on its device's thread, and its time is its work plus its own dispatch; a
 pipelined step spends the rest waiting (the bubble) or moving activations.
 
