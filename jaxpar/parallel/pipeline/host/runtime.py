@@ -14,8 +14,6 @@ from __future__ import annotations
 import math
 import time
 
-import jax
-
 from jaxpar.parallel.pipeline.host import aot, column, serial, timeline, walk
 from jaxpar.parallel.pipeline.host.programs import ProgramTable, register_stage_programs
 from jaxpar.parallel.pipeline.host.state import StageStates
@@ -111,12 +109,7 @@ class HostRuntime:
         the devices overlapping as the table lets them: `iters` walks each waited for, after
         one that compiles. Where the step is one program per device (`column`), it is that
         program, not this walk, that `bench` times."""
-        def once():
-            start = time.perf_counter()
-            jax.block_until_ready(self._walk(state, batch, "step"))
-            return time.perf_counter() - start
-        once()
-        return [once() for _ in range(iters)]
+        return measure.time_calls(lambda: self._walk(state, batch, "step"), iters, warmup=1)
 
     # --- accounting ----------------------------------------------------------------------------
     def transfer_bytes_per_step(self, batch_size: int) -> int:

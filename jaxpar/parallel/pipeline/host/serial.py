@@ -3,9 +3,10 @@ program waited for before the next is dispatched, its inputs ready before its cl
 
 The stamped timeline (`timeline`) shows the order, but its callbacks and the pass that ties
 each tensor to a stamp lengthen every program and leave gaps between them (a 2-stage CNN's
-stamped step idled two thirds of its span), so its durations overstate the work. Here no program is changed: each runs as the step
-runs it, alone on its device's thread, and its time is its work plus its own dispatch; a
-pipelined step spends the rest waiting (the bubble) or moving activations.
+stamped step idled two thirds of its span), so its durations overstate the work. Here no
+program is changed: each runs as the step runs it, alone on its device's thread, and its time
+is its work plus its own dispatch; a pipelined step spends the rest waiting (the bubble) or
+moving activations.
 
     took = serial_step(schedule, programs, placement, states, state, batch)
     took.actions   # {Action: seconds}: every program an action ran (a last stage's backward, run in its forward's slot: 0)
@@ -24,8 +25,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from jaxpar.parallel.pipeline.host.walk import Walk
-from jaxpar.parallel.pipeline.schedules import rows
+from jaxpar.parallel.pipeline.host.walk import Walk, drive
 
 REPEATS = 4  # calls of each program per timing
 
@@ -44,6 +44,11 @@ class SerialWalk(Walk):
         self.action = None
         self.took: list[tuple] = []  # (action or None, device index, seconds)
         super().__init__(*args, "step")
+
+    def run(self, action):
+        self.action = action  # what the programs it runs are charged to
+        super().run(action)
+        self.action = None
 
     def prog(self, name, s, r):
         device = self.placement.device(s, r)
@@ -70,14 +75,7 @@ def serial_step(schedule, programs, placement, states, state, batch) -> SerialSt
     """One step's programs run and timed one at a time, the updates left out: the
     walk's gradients and statistics, as `walked_seconds` times them together."""
     w = SerialWalk(schedule, programs, placement, states, state, batch)
-    for row in rows(schedule):
-        for action in row:
-            if action is not None:
-                w.action = action
-                w.run(action)
-        w.action = None
-        w.end_row()
-    w.finish()
+    drive(w)
     actions = {a: 0.0 for lst in schedule.lists for a in lst}  # some run inside another's program
     outside = collections.Counter()
     for action, device, seconds in w.took:

@@ -24,8 +24,12 @@ def walk(schedule, programs, placement, states, state, batch, kind: str):
     """Run `schedule` (kind: 'step', 'gradients' or 'timeline', the stamped programs): per
     copy (replica, stage) the summed gradients and batch-norm statistics, and the metric sums
     (on replica 0's last stage)."""
-    w = Walk(schedule, programs, placement, states, state, batch, kind)
-    for row in rows(schedule):
+    return drive(Walk(schedule, programs, placement, states, state, batch, kind))
+
+
+def drive(w: "Walk"):
+    """Walk `w`'s table row by row, each row's sends at its end; what `Walk.finish` returns."""
+    for row in rows(w.schedule):
         for action in row:
             if action is not None:
                 w.run(action)
