@@ -11,7 +11,7 @@ PY     := $(VENV)/bin/python
 ARGS   ?=
 DEBIAN_FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: run test data install browser cluster-tools clean
+.PHONY: run test test-setup data install browser cluster-tools clean
 
 $(VENV)/.installed-%: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "jaxpar needs Python >= 3.11 (set PYTHON=python3.11)"'
@@ -48,7 +48,7 @@ $(VENV)/.mpi-installed: $(VENV)/.installed-test
 
 # The `demo` extra (Gradio, selenium) for the demo's tests, beside the test extra (which
 # `make run` shares, so the demo stays out of it).
-$(VENV)/.demo-installed: $(VENV)/.installed-test
+$(VENV)/.demo-installed: $(VENV)/.installed-test | $(VENV)/.mpi-installed
 	$(PY) -m pip install -q -e '.[demo]'
 	@touch $@
 
@@ -69,7 +69,7 @@ browser:
 # The emulated cluster's and SLURM's tests (tests/experiments/infra/test_cluster.py and
 # test_slurm.py) need iproute2 (ip, tc) and Debian's slurm-wlm and munge: installed when we
 # may (root, apt-get), else those tests are skipped and say what is missing.
-cluster-tools:
+cluster-tools: | browser
 	@if ! command -v tc >/dev/null || ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing iproute2, slurm-wlm and munge (the emulated cluster's and SLURM's tests)"; \
@@ -88,8 +88,14 @@ cluster-tools:
 # Two workers, not three: a third (a lane for the files that mostly wait) took the same suite
 # from 24:16 to 30:30 here, the simulated devices' programs and the MPI ranks slowing each
 # other more than the idle fifth of the cores it filled was worth.
-test: install $(VENV)/.mpi-installed $(VENV)/.demo-installed browser cluster-tools
+test: test-setup
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 $(ARGS)
+
+# The tests' set-up as two chains at once: pip's installs one after another (one venv: the
+# demo's waits for mpi4jax's), and apt's (one dpkg lock: cluster-tools waits for browser; on a
+# fresh machine chromium's download is most of it).
+test-setup:
+	@$(MAKE) --no-print-directory -j2 install $(VENV)/.mpi-installed $(VENV)/.demo-installed browser cluster-tools
 
 clean:
 	rm -rf $(VENV) build *.egg-info

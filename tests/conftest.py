@@ -21,28 +21,38 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 # The suite compiles far more than it runs (small models, a few steps each), so it builds its
-# programs the quick way: XLA:CPU's elemental emitters instead of its MLIR fusion emitters, and
-# LLVM at optimisation level 0 (measured on 2 cores: test_layer_split, test_gems and test_hybrid
-# 2:04 with the level alone, 1:12 with both; the whole suite 21:55 -> 16:10 -> 10:22). Results
-# move only by rounding, and every comparison is between programs built alike: subprocesses
-# inherit XLA_FLAGS, and the MPI launches that replace it pass TEST_XLA_FLAGS. Benchmarks and
-# studies keep XLA's defaults, as do the commands tests/test_install_light.py runs (a bench step
-# and the machine command, compiled the default way). XLA aborts on a flag it does not know, so
-# a jaxlib without the emitters' switch is asked first (once: subprocesses inherit the answer).
+# programs the quick way: XLA:CPU's elemental emitters instead of its MLIR fusion emitters, LLVM
+# at optimisation level 0 (measured on 2 cores: test_layer_split, test_gems and test_hybrid
+# 2:04 with the level alone, 1:12 with both; the whole suite 21:55 -> 16:10 -> 10:22), and each
+# program's code generated as one LLVM module rather than split into parts for a thread pool
+# (the parts' set-up cost more than the threads gave back with two workers on 2 cores: a small
+# program's compile took half the CPU time, test_every_schedule's CNN and stack-mlp cases 91 ->
+# 72 CPU seconds). Results move only by rounding, and every comparison is between programs
+# built alike: subprocesses inherit XLA_FLAGS, and the MPI launches that replace it pass
+# TEST_XLA_FLAGS. Benchmarks and studies keep XLA's defaults, as do the commands
+# tests/test_install_light.py runs (a bench step and the machine command, compiled the default
+# way). XLA aborts on a flag it does not know, so a jaxlib without one of the switches is asked
+# first (once: subprocesses inherit the answer).
 FAST_COMPILE = "--xla_backend_optimization_level=0"
-ELEMENTAL_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+SWITCHES = ("--xla_cpu_use_fusion_emitters=false", "--xla_cpu_parallel_codegen_split_count=1")
 
 
-def _xla_knows(flag: str) -> bool:
+def _xla_knows(*flags: str) -> bool:
     probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], capture_output=True,
-                           env={**os.environ, "XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"}, timeout=120)
+                           env={**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"},
+                           timeout=120)
     return probe.returncode == 0
 
 
+def _known_switches() -> list[str]:
+    """SWITCHES this jaxlib knows: all of them at once (one probe), else each asked alone."""
+    return list(SWITCHES) if _xla_knows(*SWITCHES) else [f for f in SWITCHES if _xla_knows(f)]
+
+
 if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):  # else a parent test process chose
-    wanted = [FAST_COMPILE, *([ELEMENTAL_EMITTERS] if _xla_knows(ELEMENTAL_EMITTERS) else [])]
+    wanted = [FAST_COMPILE, *_known_switches()]
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *wanted]).strip()
-TEST_XLA_FLAGS = " ".join(f for f in (FAST_COMPILE, ELEMENTAL_EMITTERS) if f in os.environ["XLA_FLAGS"])
+TEST_XLA_FLAGS = " ".join(f for f in (FAST_COMPILE, *SWITCHES) if f in os.environ["XLA_FLAGS"].split())
 
 import jaxpar  # noqa: F401  (sets XLA_FLAGS before JAX's backend starts, as the CLI does)
 import jax
