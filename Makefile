@@ -11,7 +11,7 @@ PY     := $(VENV)/bin/python
 ARGS   ?=
 DEBIAN_FASHION := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: run test test-setup data install browser cluster-tools clean
+.PHONY: run test test-setup system-tools data install browser cluster-tools clean
 
 $(VENV)/.installed-%: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "jaxpar needs Python >= 3.11 (set PYTHON=python3.11)"'
@@ -78,7 +78,7 @@ browser:
 # The emulated cluster's and SLURM's tests (tests/experiments/infra/test_cluster.py and
 # test_slurm.py) need iproute2 (ip, tc) and Debian's slurm-wlm and munge: installed when we
 # may (root, apt-get), else those tests are skipped and say what is missing.
-cluster-tools: | browser
+cluster-tools:
 	@if ! command -v tc >/dev/null || ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing iproute2, slurm-wlm and munge (the emulated cluster's and SLURM's tests)"; \
@@ -101,11 +101,14 @@ cluster-tools: | browser
 test: test-setup
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 $(ARGS)
 
-# The tests' set-up, what can run at once at once: apt's installs (one dpkg lock:
-# cluster-tools waits for browser; on a fresh machine chromium's download is most of it) beside
-# pip's, and mpi4jax's build beside the demo's install.
+# The tests' set-up, run side by side where nothing is shared: apt's installs (browser, then
+# cluster-tools: one dpkg lock; on a fresh machine chromium's download is most of it) beside
+# pip's, and mpi4jax's build beside the demo's install (`.mpi-installed` waits for it).
 test-setup:
-	@$(MAKE) --no-print-directory -j3 install $(VENV)/.mpi-installed $(VENV)/.demo-installed browser cluster-tools
+	@$(MAKE) --no-print-directory -j3 install $(VENV)/.mpi-installed system-tools
+
+system-tools:
+	@$(MAKE) --no-print-directory browser && $(MAKE) --no-print-directory cluster-tools
 
 clean:
 	rm -rf $(VENV) build *.egg-info
