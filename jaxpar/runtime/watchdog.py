@@ -24,8 +24,8 @@ Here every process of a multi-process run runs one thread that
 It learns the step's time from the first steps, refuses a bound a healthy step could reach
 (under 10x the median step: ConfigError), and prints a notice at half the bound (a stall a
 user can see in the log while it lasts). jax.distributed's heartbeat and the pipelines'
-socket timeouts get `distributed.backstop_s` (twice the bound plus 5 s), so that the watchdog's report
-comes first and a flap shorter than the bound passes everywhere. docs/faults.md.
+socket timeouts get `distributed.backstop_s` (three times the bound plus 10 s), so that the
+watchdog's report comes first and a flap shorter than the bound passes everywhere. docs/faults.md.
 
     distributed.set_collective_timeout(seconds)    # before jax.distributed starts (its heartbeat)
     watchdog.start(rank, size, exchange, seconds, log)   # every process, once joined (a collective)

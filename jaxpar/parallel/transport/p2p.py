@@ -27,8 +27,8 @@ without a compiler `unavailable()` says why and pipelines keep the host walk (`t
 Every wait is bounded: connecting by `CONNECT_TIMEOUT_S`, each write and receive by the
 sockets' `timeout_s()` (SO_SNDTIMEO / SO_RCVTIMEO; TCP_USER_TIMEOUT for data the peer never
 acknowledges), a channel's receive and a flush by the same, after which the program fails
-with a message naming the peer's silence. That is the watchdog's backstop (twice
---collective-timeout plus 5 s, `distributed.backstop_s`): the watchdog, which names the rank
+with a message naming the peer's silence. That is the watchdog's backstop (three times
+--collective-timeout plus 10 s, `distributed.backstop_s`): the watchdog, which names the rank
 and host that went silent, normally ends the job first, and a link that flaps for less than
 the bound costs the connection nothing (TCP retransmits what was lost).
 """
