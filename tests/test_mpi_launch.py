@@ -31,6 +31,12 @@ needs_mpiexec = pytest.mark.skipif(not MPIEXEC.exists() or shutil.which("timeout
                                    reason="needs the `mpi` extra in this venv (make test installs it)")
 
 
+# A rank's pytest: no cache folder, and none of the plugins no rank uses (importing
+# Hypothesis's alone took a second of CPU in each of the suite's dozen rank processes).
+RANK_PYTEST = [sys.executable, "-m", "mpi4py", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+               "-p", "no:hypothesispytest", "-p", "no:anyio"]
+
+
 def mpi_env(**extra) -> dict:
     """The environment of a launched job: CPU only, unbuffered, the suite's compile flags only."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **extra}
@@ -143,8 +149,7 @@ def test_the_mpi_suite_on_two_ranks():
     are left to it (`cross_host`): each runs once."""
     elsewhere = [] if WHY_NO_HOSTS is not None else [a for t in CROSS_HOST for a in ("--deselect", t)]
     proc = subprocess.run(
-        ["timeout", "-s", "KILL", "600", str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpi4py",
-         "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/mpi", *elsewhere],
+        ["timeout", "-s", "KILL", "600", str(MPIEXEC), "-n", "2", *RANK_PYTEST, "tests/mpi", *elsewhere],
         cwd=ROOT, env=mpi_env(JAXPAR_EXPECT_RANKS="2"), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " failed" not in proc.stdout and " passed" in proc.stdout

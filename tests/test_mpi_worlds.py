@@ -6,11 +6,10 @@ so that pytest-xdist runs them beside the other MPI launches (tests/test_mpi_lau
 """
 
 import subprocess
-import sys
 
 import pytest
 
-from test_mpi_launch import MPIEXEC, ROOT, mpi_env, needs_mpiexec
+from test_mpi_launch import MPIEXEC, RANK_PYTEST, ROOT, mpi_env, needs_mpiexec
 
 
 @needs_mpiexec
@@ -24,8 +23,8 @@ def test_model_parallel_equals_single_on_more_ranks_and_devices(ranks, devices):
     env = mpi_env(JAXPAR_EXPECT_RANKS=str(ranks), JAXPAR_MPI_DEVICES=str(devices))
     only = ["-k", "not mpi-pipeline and not mpi_pipeline"] if devices > 1 else []
     proc = subprocess.run(
-        ["timeout", "-s", "KILL", "500", str(MPIEXEC), "-n", str(ranks), sys.executable, "-m",
-         "mpi4py", "-m", "pytest", "-q", "-p", "no:cacheprovider", *only, "tests/mpi/test_model_parallel.py",
+        ["timeout", "-s", "KILL", "500", str(MPIEXEC), "-n", str(ranks), *RANK_PYTEST, *only,
+         "tests/mpi/test_model_parallel.py",
          "tests/mpi/test_jax_distributed.py::test_world_size_is_what_was_launched"],
         cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

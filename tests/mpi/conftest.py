@@ -27,14 +27,44 @@ def comm():
     return MPI.COMM_WORLD
 
 
-@pytest.fixture
-def reference(comm, monkeypatch):
-    """`single` on the full global batch (16 rows per rank), in this process, on this
-    process's own device: what every rank compares its strategy with."""
-    monkeypatch.setattr(jax, "devices", jax.local_devices)
-    trace = eq.run(eq.config(batch_size=16 * comm.Get_size(), strategy="single"), steps=5)
-    monkeypatch.undo()
+def _single_on_rank_zero(comm, cfg, steps: int) -> eq.Trace:
+    """`single`'s trace of `cfg` over `steps` steps, run on rank 0 alone, on its own device, and
+    sent to every rank: one process's program on the global batches every rank draws alike,
+    which the other ranks would only repeat (each rank compiled and ran each reference of the
+    world). A failure there fails the test on every rank (none waits for what never comes)."""
+    payload = None
+    if comm.Get_rank() == 0:
+        try:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(jax, "devices", jax.local_devices)
+                trace = eq.run(cfg, steps=steps)
+            payload = (trace.grads, trace.params, trace.losses)
+        except Exception as error:  # noqa: BLE001  (said on every rank below)
+            payload = f"`single` failed on rank 0: {error!r}"
+    payload = comm.bcast(payload, root=0)
+    if isinstance(payload, str):
+        pytest.fail(payload)
+    return eq.Trace(*payload, strategy=None, state=None)
+
+
+@pytest.fixture(scope="session")
+def single(comm):
+    """single(cfg, steps): `single`'s trace on `cfg`'s global batches (`_single_on_rank_zero`),
+    once per session for each configuration: what every rank compares its strategy with."""
+    done = {}
+
+    def trace(cfg, steps: int) -> eq.Trace:
+        key = (repr(cfg), steps)
+        if key not in done:
+            done[key] = _single_on_rank_zero(comm, cfg, steps)
+        return done[key]
     return trace
+
+
+@pytest.fixture(scope="session")
+def reference(comm, single):
+    """`single` on the full global batch (16 rows per rank)."""
+    return single(eq.config(batch_size=16 * comm.Get_size(), strategy="single"), 5)
 
 
 # The model-parallel runs: a stack-mlp whose 4 blocks and width 32 split over 2 or 4 stages or
@@ -49,11 +79,9 @@ def stack_config(comm):
 
 
 @pytest.fixture(scope="session")
-def stack_reference(stack_config):
-    """`single` on the stack-mlp's global batches, in this process on its own first device."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(jax, "devices", jax.local_devices)
-        return eq.run(stack_config(strategy="single"), steps=5)
+def stack_reference(stack_config, single):
+    """`single` on the stack-mlp's global batches."""
+    return single(stack_config(strategy="single"), 5)
 
 
 # One global JAX runtime over the ranks (short timeouts), so dp-auto runs on a 2-process mesh;

@@ -1,8 +1,8 @@
 """Strategies on one `jax.distributed` mesh over MPI ranks (`jaxpar/runtime/distributed.py`) equal `single`.
 
 The world is the size that was launched (a world of 1 would pass everything trivially), and
-every multi-process strategy, one device per rank, matches `single` run in-process on the full
-global batch (the equivalence protocol).
+every multi-process strategy, one device per rank, matches `single` (run by rank 0 on its own
+device, sent to all) on the full global batch (the equivalence protocol).
 
     mpiexec -n 2 python -m mpi4py -m pytest -q tests/mpi/test_jax_distributed.py
 """

@@ -2,8 +2,9 @@
 dp-pmap on one jax.distributed mesh over the ranks, and `mpi-pipeline` (one stage per rank).
 
 Each strategy runs on the launched world (2 ranks in `make test`; tests/test_mpi_worlds.py
-launches 4, and 2 ranks of 2 devices each) and matches `single` run in-process on the same
-global batches (the equivalence protocol). Sizes follow the world: S stages, tensor=S.
+launches 4, and 2 ranks of 2 devices each) and matches `single` (run by rank 0 on its own
+device, sent to all) on the same global batches (the equivalence protocol). Sizes follow the
+world: S stages, tensor=S.
 
     mpiexec -n 2 python -m mpi4py -m pytest -q tests/mpi/test_model_parallel.py
 """
@@ -140,46 +141,40 @@ def test_mpi_pipeline_bytes_bubble_and_state_per_rank(comm, stack_config, schedu
     assert len(t.strategy.describe()["stage_layers"]) == S
 
 
-def test_mpi_pipeline_runs_stages_of_different_shapes(comm):
+def test_mpi_pipeline_runs_stages_of_different_shapes(comm, single):
     """The CNN cut after conv1 hands on [14, 14, 32] per example, after conv2 [7, 7, 64]:
     messages take each boundary's shape, and the run equals single."""
     S = comm.Get_size()
     if S > 3:
         pytest.skip("the CNN has 4 layers; cut at conv1 | conv2 (| fc1) for up to 3 ranks")
     cnn = lambda **o: eq.config(batch_size=16 * S, model="cnn", width=None, depth=None, lr=0.01, **o)  # noqa: E731
-    with pytest.MonkeyPatch.context() as patch:  # single on this process's own device
-        patch.setattr(jax, "devices", jax.local_devices)
-        ref = eq.run(cnn(strategy="single"), steps=3)
+    ref = single(cnn(strategy="single"), 3)
     got = eq.run(cnn(strategy="mpi-pipeline", stage_boundaries=(1, 2)[:S - 1]), steps=3)
     eq.assert_equivalent(ref, got)
     assert got.strategy.describe()["boundary_shapes_per_example"] == [[14, 14, 32], [7, 7, 64]][:S - 1]
 
 
-def test_cnn_split_across_processes_runs_by_permutes(comm):
+def test_cnn_split_across_processes_runs_by_permutes(comm, single):
     """The CNN's tensor split on a CPU mesh across processes runs its gathers, scatters and
     loss denominator as permutes (`comm_forms.choose`: gloo's all-gathers cost ~4 ms each)
     and equals `single` on the same global batches."""
     if jax.local_device_count() > 1:
         pytest.skip("tensor spans processes with one device per process")
     cnn = dict(model="cnn", width=None, depth=None, lr=0.02, batch_size=8 * comm.Get_size())
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(jax, "devices", jax.local_devices)
-        ref = eq.run(eq.config(strategy="single", **cnn), steps=3)
+    ref = single(eq.config(strategy="single", **cnn), 3)
     got = eq.run(eq.config(strategy="tensor", **cnn), steps=3)
     assert got.strategy.describe()["collective_form"] == "permute"
     eq.assert_equivalent(ref, got)
 
 
-def test_mpi_pipeline_cuts_the_cnn_inside_conv2_and_runs_the_table_in_order(comm):
+def test_mpi_pipeline_cuts_the_cnn_inside_conv2_and_runs_the_table_in_order(comm, single):
     """Without --stage-boundaries the CNN is cut inside conv2 (`finer`: whole layers leave
     ~85% of the work on one rank) and equals `single`. Each rank's compiled step keeps the
     table's order: a message between every two of its stage computations (left to itself
     XLA ran rank 0's forwards all before its first send, and 2 ranks were no faster than 1)."""
     S = comm.Get_size()
     cnn = lambda **o: eq.config(batch_size=16 * S, model="cnn", width=None, depth=None, lr=0.01, **o)  # noqa: E731
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(jax, "devices", jax.local_devices)
-        ref = eq.run(cnn(strategy="single"), steps=3)
+    ref = single(cnn(strategy="single"), 3)
     got = eq.run(cnn(strategy="mpi-pipeline", microbatches=4), steps=3)
     assert got.strategy.describe()["cut_inside"] is not None
     eq.assert_equivalent(ref, got)

@@ -1,8 +1,9 @@
 """Every MPI strategy (read from the registry: `uses_mpi`) equals `single` at any
 communicator size.
 
-Every rank compares with `single` run in-process on the full global batch (the equivalence
-protocol) and checks the world it ran in; the per-strategy files check the bytes.
+Every rank compares with `single` (run by rank 0 on its own device, sent to all) on the full
+global batch (the equivalence protocol) and checks the world it ran in; the per-strategy files
+check the bytes.
 
     mpiexec -n 2 python -m mpi4py -m pytest -q tests/mpi/test_mpi_common.py
 """

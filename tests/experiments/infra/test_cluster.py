@@ -30,7 +30,7 @@ from jaxpar.models import param_count
 from jaxpar.train import build_model, fit
 from jaxpar.errors import ConfigError, PeerLost, UserError
 from cross_host import CROSS_HOST, needs_mpi, needs_root
-from test_mpi_launch import ROOT, _rank_pid, mpi_env, wait_for_steps
+from test_mpi_launch import RANK_PYTEST, ROOT, _rank_pid, mpi_env, wait_for_steps
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -163,8 +163,7 @@ def test_strategies_across_two_hosts_equal_single(hosts):
     received_before = _counter(hosts["hosts"][1], "rx_bytes")
     proc = subprocess.run(
         ["timeout", "-s", "KILL", "500",
-         *cluster.mpiexec_on_hosts(2, [sys.executable, "-m", "mpi4py", "-m", "pytest", "-q",
-                              "-p", "no:cacheprovider", *which])],
+         *cluster.mpiexec_on_hosts(2, [*RANK_PYTEST, *which])],
         cwd=ROOT, env=mpi_env(JAXPAR_EXPECT_RANKS="2", JAXPAR_EXPECT_HOSTS="2"),
         capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
