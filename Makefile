@@ -92,12 +92,14 @@ cluster-tools:
 
 # tests/mpi runs under mpiexec from inside the suite (tests/test_mpi_launch.py: 2 ranks; test_mpi_worlds.py
 # 4, and 2 of 2 devices each), beside the other worker's files; the workers take files longest
-# first (tests/scheduling.py); --durations: the log names the slowest tests (the whole run,
-# installs included, is to stay under 20 minutes: 25-29 minutes in November 2026, 23:53 from a clean
-# clone on 2026-11-29 after the tests built each program as one LLVM module, issue 46).
+# first, a file that mostly waits beside one that computes (tests/scheduling.py); --durations:
+# the log names the slowest tests (the whole run, installs included, is to stay under 20
+# minutes: 25-29 minutes in November 2026, 23:44 from a clean clone on 2026-11-28; on
+# 2026-11-29, a faster day, 13:53, the tests 13:00, against 13:44 for the tests at 3566bf4).
 # Two workers, not three: a third (a lane for the files that mostly wait) took the same suite
 # from 24:16 to 30:30 here, the simulated devices' programs and the MPI ranks slowing each
-# other more than the idle fifth of the cores it filled was worth.
+# other more than the idle fifth of the cores it filled was worth (again on 2026-11-29, with
+# the waiting files kept apart: 13:08 -> 13:29, 1257 -> 1374 CPU seconds).
 test: test-setup
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 $(ARGS)
 

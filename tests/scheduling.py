@@ -12,7 +12,7 @@ is one unit of work, as loadfile makes it, and
     under 0.75 CPU seconds per second) is not handed to one worker while the other runs or
     holds one, unless nothing else is left: beside a busy unit its waits cost little. Run
     side by side, the cluster's faults and the 2-rank MPI suite kept the 2 cores 56% busy
-    for the first three minutes of a run (35-80% per half minute), the next nine 90%.
+    for the first three minutes of a run (35-80% per half minute), the next nine minutes 90%.
 
 Only the order changes: every test runs, as it would alone. The seconds are worker time per
 file in a full run on 2 cores (2026-11-29, 3566bf4); a stale one only costs speed.
