@@ -31,17 +31,20 @@ def _single_on_rank_zero(comm, cfg, steps: int) -> eq.Trace:
     """`single`'s trace of `cfg` over `steps` steps, run on rank 0 alone, on its own device, and
     sent to every rank: one process's program on the global batches every rank draws alike,
     which the other ranks would only repeat (each rank compiled and ran each reference of the
-    world). A failure there fails the test on every rank (none waits for what never comes)."""
-    payload = None
+    world). A failure there fails the test on every rank, rank 0 with its traceback (none
+    waits for what never comes)."""
+    payload, failed = None, None
     if comm.Get_rank() == 0:
         try:
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(jax, "devices", jax.local_devices)
                 trace = eq.run(cfg, steps=steps)
             payload = (trace.grads, trace.params, trace.losses)
-        except Exception as error:  # noqa: BLE001  (said on every rank below)
-            payload = f"`single` failed on rank 0: {error!r}"
+        except Exception as error:  # noqa: BLE001  (raised below, once every rank knows)
+            failed, payload = error, f"`single` failed on rank 0: {error!r}"
     payload = comm.bcast(payload, root=0)
+    if failed is not None:
+        raise failed
     if isinstance(payload, str):
         pytest.fail(payload)
     return eq.Trace(*payload, strategy=None, state=None)
@@ -54,10 +57,9 @@ def single(comm):
     done = {}
 
     def trace(cfg, steps: int) -> eq.Trace:
-        key = (repr(cfg), steps)
-        if key not in done:
-            done[key] = _single_on_rank_zero(comm, cfg, steps)
-        return done[key]
+        if (cfg, steps) not in done:
+            done[cfg, steps] = _single_on_rank_zero(comm, cfg, steps)
+        return done[cfg, steps]
     return trace
 
 

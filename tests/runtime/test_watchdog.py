@@ -48,7 +48,7 @@ def test_the_backstops_come_after_the_bound_and_its_report():
     distributed.set_collective_timeout(10)
     try:
         # past the bound and its report by more than XLA's heartbeat interval (half of it)
-        assert distributed.backstop_s() == 40 and 40 / 2 > 10 + watchdog.REPORT_GRACE_S
+        assert distributed.backstop_s() == 40 and distributed.backstop_s() / 2 > 10 + watchdog.REPORT_GRACE_S
     finally:
         distributed.set_collective_timeout(TrainConfig().parallel.collective_timeout)
 
