@@ -24,6 +24,7 @@ from jaxpar.errors import ConfigError
 from jaxpar.optim import make_optimizer
 from jaxpar.parallel.pipeline.host import serial as host_serial, timeline as host_timeline
 from jaxpar.parallel.pipeline.schedules import timed_bubble
+from jaxpar.parallel.transport import p2p, processes
 from jaxpar.results import RunResult, capture_provenance, environment
 from jaxpar.runtime import watchdog
 from jaxpar.train import build_model, make_strategy
@@ -118,9 +119,11 @@ def _time_steps(strategy, state, batch, chained: bool, k: int, warmup: int, iter
     """Warm up, then time `iters` calls (each waited for): (the state after, each step's
     seconds, {"wire": the interface's counter changes over the timed calls} or {})."""
     holder = {"state": state}
+    waited = []  # p2p.waited_s() as each timed call starts (the one before it was waited for)
 
     def one_call():
         watchdog.progress()  # the call before this one was waited for
+        waited.append(p2p.waited_s())
         if not chained:
             holder["state"], sums = strategy.step(holder["state"], batch)
         else:  # --steps-per-dispatch K: K steps per call, each timed as the call's K-th part
@@ -131,11 +134,26 @@ def _time_steps(strategy, state, batch, chained: bool, k: int, warmup: int, iter
 
     measure.time_calls(one_call, 0, warmup=warmup)
     before = wire_counters(wire) if wire else None
+    waited.clear()
     times = [t / k for t in measure.time_calls(one_call, iters, warmup=0)]
+    waited.append(p2p.waited_s())
     measured_wire = {} if before is None else {"wire": {
         "interface": wire, "steps": iters * k,
         **{name: n - before[name] for name, n in wire_counters(wire).items()}}}
-    return holder["state"], times, measured_wire
+    return holder["state"], times, {**measured_wire, **_waited_ms(waited, k)}
+
+
+def _waited_ms(marks: list, k: int) -> dict:
+    """{"p2p_waited_ms": each process's median milliseconds a step in its programs' socket
+    receives and flushes} (`marks`: p2p.waited_s() as each timed call started, and after the
+    last), when this run spans processes that message each other (a pipeline's stages, one
+    program per process); else {}. A collective under jax.distributed: every process calls
+    it, whatever its strategy, at the same point."""
+    if not processes.many():
+        return {}
+    mine = np.nan if None in marks else 1000 * float(np.median(np.diff(marks))) / k
+    every = [float(x) for x in processes.every_process(np.float64(mine))]
+    return {} if any(np.isnan(every)) else {"p2p_waited_ms": every}
 
 
 def wire_counters(interface: str) -> dict[str, int]:
@@ -192,6 +210,8 @@ def report(result: RunResult) -> str:
         f"  state/device     {m['state_bytes_per_device']:,} B (parameters + optimizer state)",
         f"  memory/device    args {m['memory_per_device']['argument_bytes']:,} B, temp "
         f"{m['memory_per_device']['temp_bytes']:,} B",
+        *([f"  idle in p2p      {', '.join(f'{w:.2f}' for w in m['p2p_waited_ms'])} ms a step (process by "
+           f"process: blocked in receives and flushes)"] if "p2p_waited_ms" in m else []),
         *([f"  timeline         walked step {m['timeline']['walk_ms']:.2f} ms idles "
            f"{m['timeline']['bubble_measured']:.1%} of devices x walk; its table with the same action "
            f"times {m['timeline']['bubble_timed']:.1%} (unit times {m['timeline']['bubble_fraction']:.1%})"]

@@ -89,6 +89,22 @@ def test_a_process_holding_one_stage_runs_its_step_as_one_program(comm, stack_co
     assert sum(n for name, n in t.strategy.trace_counts.items() if name.startswith("rank_step")) == one_each
 
 
+def test_bench_counts_each_process_time_blocked_in_its_messages(comm, stack_config):
+    """Each process's step one program messaging the others (`p2p`): bench records every
+    process's median time a step blocked in receives and flushes (the pipeline study's
+    measured bubble), which the last stage spends at least waiting for its first forward and
+    no process spends beyond its step."""
+    if jax.local_device_count() > 1:
+        pytest.skip("one device per process: the layout that runs one program each")
+    from jaxpar import bench
+
+    metrics = bench.benchmark(stack_config(strategy="pipeline", schedule="1f1b"), iters=3, warmup=1,
+                              matmul_peak=False).metrics
+    waited = metrics["p2p_waited_ms"]
+    assert len(waited) == comm.Get_size() and 0 < waited[-1]
+    assert all(0 <= w < 1.5 * metrics["step_time_ms_max"] for w in waited), (waited, metrics["step_time_ms_max"])
+
+
 def test_when_one_process_cannot_build_the_messages_all_walk_from_the_host(comm, stack_config,
                                                                             monkeypatch):
     """The choice is made together (connecting is a collective): one process without the

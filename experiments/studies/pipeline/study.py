@@ -19,7 +19,10 @@ round, each round's order rotated (`points.in_rounds`); a row is the point's med
 Beside them, every schedule across --ranks MPI ranks (default 2) of one device and one thread
 each, `pipeline` over jax.distributed (each rank's step one program), stack-mlp, M in
 --rank-microbatches, --rank-rounds rounds rotated: a schedule's gain is the median of its
-rounds' step ratios to 1F1B's (rows under metrics["ranks"], points under OUT/ranks/).
+rounds' step ratios to 1F1B's (rows under metrics["ranks"], points under OUT/ranks/). Its
+bubble as a time: what each rank's program spends blocked in receives and flushes (bench's
+`p2p_waited_ms`) against its table replayed with each action's time, measured alone on as
+many simulated devices of one thread (OUT/ranks/theory/).
 
 Writes OUT/pipeline.json (RunResult, kind 'pipeline') and one bench result per measured point
 and round under OUT/points/<schedule>-M<m>/r<k>/ (the reference: OUT/points/single/r<k>/); a
@@ -216,21 +219,51 @@ def point_on_ranks(config: PipelineConfig, schedule: str, m: int) -> Point:
     return Point(f"ranks/{schedule}-R{R}-M{m}", train, bench, ranks=R)
 
 
-def rows_on_ranks(config: PipelineConfig, planned: dict, by_folder: dict) -> list[dict]:
+def theory_point(config: PipelineConfig, schedule: str, m: int) -> Point:
+    """What each action of a rank point costs on its own: the same model, batch, schedule and
+    M on `config.ranks` simulated devices of one thread each, its programs timed one at a time
+    (`bench --timeline`: `host.serial`), for the rank point's table replayed with them."""
+    R = config.ranks
+    train = with_options(TrainConfig(), dataset="synthetic", model=MODEL, width=config.width,
+                         depth=config.depth, strategy="pipeline", schedule=schedule, devices=R,
+                         mesh=format_mesh({STAGE: R}), microbatches=m, pipeline_impl="mpmd",
+                         single_thread=True, batch_size=config.rank_batch_size)
+    bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False, timeline=True)
+    return Point(f"ranks/theory/{schedule}-R{R}-M{m}", train, bench)
+
+
+def action_seconds(timeline: dict) -> dict:
+    """{(kind, stage): seconds} from a timeline's `action_ms` ({"F0": ms, "W1": ms, ...})."""
+    return {(key[0], int(key[1:])): ms / 1000 for key, ms in timeline["action_ms"].items()}
+
+
+def rows_on_ranks(config: PipelineConfig, planned: dict, by_folder: dict, theory: dict) -> list[dict]:
     """Per (schedule, M) across ranks: the median round's step, every round's, and the median
     over rounds of the step's ratio to 1F1B's in the same round (rounds a few minutes apart
     drift together: the ratio within one is the gain); the table's bubble with a backward
-    twice a forward."""
+    twice a forward; and the bubble as a time a device idles a step: measured (each rank's
+    time blocked in receives and flushes, `p2p_waited_ms`, the ranks' mean, the median
+    round's) against the table replayed with each action's time measured alone (`theory`:
+    (schedule, M) -> that point's result)."""
     rows = []
     for (name, m), point in planned.items():
         rounds = [r.metrics["step_time_ms_median"] for r in by_folder[point.folder]]
         ones = [r.metrics["step_time_ms_median"] for r in by_folder[planned["1f1b", m].folder]]
+        median = points.median_round(by_folder[point.folder]).metrics
+        schedule = schedules.build(name, config.ranks, m)
+        timeline = theory[name, m].metrics["timeline"] if (name, m) in theory else None
         rows.append({"schedule": name, "M": m, "ranks": config.ranks,
-                     "step_ms": points.median_round(by_folder[point.folder]).metrics["step_time_ms_median"],
+                     "step_ms": median["step_time_ms_median"],
                      "step_ms_rounds": rounds,
                      "to_1f1b": float(statistics.median(a / b for a, b in zip(rounds, ones))),
-                     "bubble": schedules.timed_bubble(schedules.build(name, config.ranks, m)),
-                     "point": point.folder})
+                     "bubble": schedules.timed_bubble(schedule),
+                     "idle_ms": statistics.mean(median["p2p_waited_ms"]) if "p2p_waited_ms" in median else None,
+                     "idle_ms_by_rank": median.get("p2p_waited_ms"),
+                     "idle_ms_replayed": (1000 * schedules.timed_idle(schedule, action_seconds(timeline))
+                                          if timeline else None),
+                     "bubble_replayed": timeline["bubble_timed"] if timeline else None,
+                     "action_ms": timeline["action_ms"] if timeline else None,
+                     "point": point.folder, "theory_point": theory_point(config, name, m).folder})
     return rows
 
 
@@ -273,6 +306,8 @@ def run(config: PipelineConfig) -> list[Path]:
                 for m in counts_for(s, config.ranks, list(config.rank_microbatches))}
     on_ranks_by_folder = points.run_rounds(list(on_ranks.values()), config.rank_rounds, config.out,
                                            config.timeout) if on_ranks else {}
+    theories = {key: theory_point(config, *key) for key in on_ranks}
+    theory = dict(zip(theories, points.run_points(list(theories.values()), config.out, config.timeout)))
     outcomes = {key: by_folder[p.folder] for key, p in planned.items()}
     single = {"images_per_sec": None, "step_ms": None}  # --no-measure: no reference either
     for p in reference:
@@ -280,7 +315,7 @@ def run(config: PipelineConfig) -> list[Path]:
     stamped = points.run_points(list(timed.values()), config.out, config.timeout)  # one stamped step each
     timelines = {s: timeline_of(r, timed[s].folder) for s, r in zip(timed, stamped)}
     rows, tables = schedule_rows(config.stages, counts)
-    result_ranks = rows_on_ranks(config, on_ranks, on_ranks_by_folder)
+    result_ranks = rows_on_ranks(config, on_ranks, on_ranks_by_folder, theory)
     point_env = None
     for r in rows:
         r.update(images_per_sec=None, step_ms=None, temp_bytes=None, activation_bytes=None)
@@ -294,7 +329,8 @@ def run(config: PipelineConfig) -> list[Path]:
               f"theory={r['theory']:.3f} peak_in_flight={r['peak_in_flight']:3d}  {tput}", flush=True)
     for r in result_ranks:
         print(f"{r['schedule']:16s} on {r['ranks']} ranks M={r['M']}: {r['step_ms']:7.1f} ms, "
-              f"{r['to_1f1b']:.3f} of 1F1B's step (median of {len(r['step_ms_rounds'])} rounds)", flush=True)
+              f"{r['to_1f1b']:.3f} of 1F1B's step (median of {len(r['step_ms_rounds'])} rounds); a rank "
+              f"idles {r['idle_ms']:.1f} ms a step, its table replayed {r['idle_ms_replayed']:.1f} ms", flush=True)
     if single["images_per_sec"]:
         print(f"single on 1 device, batch {config.batch_size}: {single['images_per_sec']:,.0f} img/s "
               f"{single['step_ms']:.1f} ms", flush=True)

@@ -139,27 +139,40 @@ def pipeline_ranks_table(data_dir: Path) -> str:
     out = [[name, *[cell for m in counts for cell in _rank_cells(by.get((name, m)))]]
            for name in dict.fromkeys(r["schedule"] for r in rows)]
     rounds = len(rows[0]["step_ms_rounds"])
-    head = [h for m in counts for h in (f"M={m} ms/step", f"M={m} of 1F1B's step", f"M={m} table bubble")]
+    head = [h for m in counts for h in (f"M={m} ms/step", f"M={m} of 1F1B's step", f"M={m} table bubble",
+                                        f"M={m} idle ms: measured / table replayed")]
     return (f"`pipeline` across {rows[0]['ranks']} MPI ranks of one device and one thread each (stack-mlp, "
             f"a stage per rank, its step one program per process); {rounds} rounds, the order rotated each; "
-            f"a step's ratio to 1F1B's is the median over rounds of the ratio within a round.\n\n"
+            f"a step's ratio to 1F1B's is the median over rounds of the ratio within a round; a rank's idle "
+            f"time a step, the ranks' mean in the median round, against the table replayed with each "
+            f"action's time measured alone.\n\n"
             + markdown(["schedule", *head], out) + "\n\n" + _rank_gains(rows, counts))
 
 
 def _rank_gains(rows: list[dict], counts: list[int]) -> str:
-    """Per M, the schedules faster than 1F1B across the ranks (median ratio below 1)."""
+    """Per M, the schedules faster than 1F1B across the ranks (median ratio below 1); the
+    measured idle time against the replayed table's, schedule by schedule."""
     lines = []
     for m in counts:
         faster = sorted((r for r in rows if r["M"] == m and r["to_1f1b"] < 1), key=lambda r: r["to_1f1b"])
         lines.append(f"At M = {m}, faster than 1F1B: " + (", ".join(
             f"{r['schedule']} by {percent(1 - r['to_1f1b'])}" for r in faster) or "none") + ".")
+    timed = [r for r in rows if r.get("idle_ms") is not None and r.get("idle_ms_replayed")]
+    if timed:
+        near = [r for r in timed if abs(r["idle_ms"] / r["idle_ms_replayed"] - 1) <= 0.25]
+        lines.append(f"A rank's measured idle time within 25% of its replayed table's in {len(near)} of "
+                     f"{len(timed)} (schedule, M): " + ", ".join(
+                         f"{r['schedule']} M={r['M']} {r['idle_ms'] / r['idle_ms_replayed']:.2f}x" for r in timed)
+                     + ".")
     return bullets(lines)
 
 
 def _rank_cells(row: dict | None) -> list:
     if row is None:
-        return [DASH] * 3
-    return [num(row["step_ms"], 1), f"{row['to_1f1b']:.3f}", percent(row["bubble"])]
+        return [DASH] * 4
+    idle = (DASH if row.get("idle_ms") is None or row.get("idle_ms_replayed") is None else
+            f"{num(row['idle_ms'], 1)} / {num(row['idle_ms_replayed'], 1)}")
+    return [num(row["step_ms"], 1), f"{row['to_1f1b']:.3f}", percent(row["bubble"]), idle]
 
 
 TABLES = {"pipeline": pipeline_table, "pipeline-findings": pipeline_findings,

@@ -6,6 +6,7 @@
 // a channel it copies the message into the queue. A socket receive blocks its thread (one
 // device per process), a channel receive returns a future the send completes. Every wait is
 // bounded: SO_SNDTIMEO / SO_RCVTIMEO on the sockets, timeout_s on channel receives and flushes.
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -126,6 +127,21 @@ extern "C" void JaxparOutboxClose(int64_t id) {
   box->changed.notify_all();
 }
 
+// Nanoseconds this process's programs have spent in socket receives and flushes: a rank of one
+// thread does nothing else meanwhile, so over a step it is that rank's idle time (its share of
+// the bubble, and its messages' time on the wire), which bench reads (`p2p.waited_s`).
+static std::atomic<int64_t> waited_ns{0};
+
+struct Waited {  // adds the time from its making to its end to waited_ns
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  ~Waited() {
+    waited_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now() - start).count();
+  }
+};
+
+extern "C" int64_t JaxparWaitedNs() { return waited_ns.load(); }
+
 // Send(x, order) -> 0.0f, at once: x's bytes written straight into the socket as far as its
 // buffer takes them without waiting (nothing queued before them), the rest into the
 // connection's outbox for its thread to write. Writing here first spares the usual message,
@@ -157,6 +173,7 @@ static ffi::Error Send(ffi::AnyBuffer x, ffi::AnyBuffer order, ffi::Result<ffi::
 // all but what the kernel's buffers hold), or fails: a failed write, or timeout_s seconds.
 static ffi::Error Flush(ffi::AnyBuffer order, ffi::Result<ffi::BufferR0<ffi::F32>> done, int64_t outbox,
                         int64_t timeout_s) {
+  Waited waited;
   auto box = Lookup(outboxes_mu, outboxes, outbox);
   if (!box) return ffi::Error::Internal("jaxpar p2p: a flush on a closed connection");
   *done->typed_data() = 0.0f;
@@ -172,6 +189,7 @@ static ffi::Error Flush(ffi::AnyBuffer order, ffi::Result<ffi::BufferR0<ffi::F32
 // Recv(order) -> the next message from the peer, of the result's shape and type; `order`
 // (unused) makes the call wait for what the caller computed before it.
 static ffi::Error Recv(ffi::AnyBuffer order, ffi::Result<ffi::AnyBuffer> out, int64_t fd) {
+  Waited waited;
   char* p = static_cast<char*>(out->untyped_data());
   size_t n = out->size_bytes();
   while (n > 0) {

@@ -117,6 +117,15 @@ def _hop(mesh):
                                  in_specs=P(STAGE), out_specs=P(STAGE)))
 
 
+def every_process(value: np.ndarray) -> np.ndarray:
+    """Every process's `value` (one shape and dtype on all), stacked by process index. A
+    collective: every process calls it at the same point."""
+    # only under jax.distributed
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(np.asarray(value), tiled=False))
+
+
 def fetch_held(tree):
     """Host copy of `tree`, whose arrays are parts of the one global computation (each
     process holds a view of every array, with or without data): like `layout.host_copy`, and an

@@ -118,6 +118,15 @@ def test_measured_times_move_the_bubble():
     assert schedules.timed_bubble(zb) < 0.5 * schedules.timed_bubble(one)
 
 
+def test_the_bubble_as_a_time_is_the_fraction_of_the_replayed_span():
+    """`timed_idle`: what a device idles on average, in the measured times' unit; GPipe on 2
+    devices, forwards 1 and backwards 2 (s): each device works 12 of a span of 15."""
+    gpipe = schedules.build("gpipe", 2, 4)
+    times = {"F": 1.0, "B": 2.0}
+    assert schedules.timed_idle(gpipe, times) == pytest.approx(3.0)
+    assert schedules.timed_bubble(gpipe, times) == pytest.approx(3.0 / 15)
+
+
 @pytest.mark.parametrize("name,virtual", [("zbv", 3), ("dualpipev", 1), ("gpipe", 2)])
 def test_a_fixed_placement_refuses_other_virtual_stages(name, virtual):
     with pytest.raises(schedules.ScheduleError, match="--virtual-stages"):

@@ -16,7 +16,8 @@ from jaxpar.parallel.pipeline.schedules.generators import FIXED_VIRTUAL, GENERAT
 from jaxpar.parallel.pipeline.schedules.messages import Message, Recv, Send, lower, message
 from jaxpar.parallel.pipeline.schedules.timing import (bubble_fraction, bubble_theory, check,
                                                         gems_bubble_theory, op, peak_in_flight,
-                                                        rows, simulate, table, timed_bubble)
+                                                        rows, simulate, table, timed_bubble,
+                                                        timed_idle)
 
 
 def virtual_stages(name: str, given: int = 0) -> int:
@@ -39,4 +40,4 @@ def build(name: str, devices: int, microbatches: int, virtual: int = 0) -> Sched
 __all__ = ["BACKWARD", "FIXED_VIRTUAL", "FORWARD", "GENERATORS", "SCHEDULES", "VIRTUAL", "virtual_stages", "Action", "Message", "Recv", "Schedule",
            "ScheduleError", "Send", "build", "bubble_fraction", "bubble_theory", "check", "consumer",
            "gems_bubble_theory", "lower", "message", "needs", "op", "peak_in_flight", "rows",
-           "simulate", "table", "timed_bubble"]
+           "simulate", "table", "timed_bubble", "timed_idle"]

@@ -148,6 +148,20 @@ def timed_bubble(schedule: Schedule, seconds: dict | None = None) -> float:
     """The share of devices x the step's span that devices idle when each action takes
     `seconds[kind]` (or `seconds[kind, stage]`; default UNIT_TIMES): the schedule's bubble
     from its own lists, for measured forward, backward, input- and weight-gradient times."""
+    span, busy = replay(schedule, seconds)
+    return 1.0 - busy / (schedule.devices * span)
+
+
+def timed_idle(schedule: Schedule, seconds: dict) -> float:
+    """What a device idles on average over a step replayed with measured `seconds` (as
+    `timed_bubble` takes them), in their unit: the bubble as a time, beside a measured one."""
+    span, busy = replay(schedule, seconds)
+    return span - busy / schedule.devices
+
+
+def replay(schedule: Schedule, seconds: dict | None = None) -> tuple[float, float]:
+    """(the step's span, every device's busy time summed) when each action takes its
+    `seconds` (as `timed_bubble` takes them)."""
     seconds = seconds or UNIT_TIMES
 
     def took(a) -> float:
@@ -161,8 +175,7 @@ def timed_bubble(schedule: Schedule, seconds: dict | None = None) -> float:
         return 0.0  # never measured on its own (run inside another program)
     times = simulate(schedule, took)
     span = max(e for _, e in times.values()) - min(s for s, _ in times.values())
-    busy = sum(e - s for s, e in times.values())
-    return 1.0 - busy / (schedule.devices * span)
+    return span, sum(e - s for s, e in times.values())
 
 
 def bubble_theory(stages: int, microbatches: int) -> float:
