@@ -171,7 +171,7 @@ class StageCopy:
             return ({BACKWARD: self.to_send.pop(m)} if self.early and s > 0 else {}), order
         if kind == WEIGHT:
             vjps, cts = self.for_weights.pop(m)
-            self.acc = fns.backward_weight(vjps, [after(g, order) for g in cts], self.acc)
+            self.acc = fns.backward_weight(vjps, jax.tree.map(lambda a: after(a, order), cts), self.acc)
             return {}, tie(order, self.acc)
         out, order = self._input_gradient(s, last, m, arrived, order)
         if kind == BACKWARD:  # a whole backward in a schedule that splits others: W at once

@@ -15,10 +15,10 @@ layer range and parameter keys):
   once, so the last stage keeps no residuals;
 - for schedules that split the backward (zero bubble), the same work layer by layer
   (`layers_forward`: a vjp per layer; `backward_input`: the input gradient alone, keeping
-  each layer's output cotangent; `backward_weight`: the parameter gradients from what the
-  input gradient kept, so its work is not done twice; `last_input`: the last stage's
-  forward, loss and input gradient), each program computing only what it returns (XLA drops
-  the other half of every layer's vjp);
+  each layer's output cotangent and what of its backward the weight gradient reads;
+  `backward_weight`: the parameter gradients from what the input gradient kept, so no work
+  is done twice (`split_backward`); `last_input`: the last stage's forward, loss and input
+  gradient);
 - `update`: the shared optimizer update (`step.apply_update`) of the stage's parameters;
 - `zeros`, `split_images`, `split_labels`: accumulators and one replica's micro-batches.
 
@@ -42,6 +42,7 @@ from flax import nnx
 from jaxpar import step as steplib
 from jaxpar.parallel import layout
 from jaxpar.parallel.layout import pick
+from jaxpar.parallel.pipeline import split_backward
 
 
 @dataclasses.dataclass
@@ -155,19 +156,21 @@ class StageFunctions:
 
     @staticmethod
     def backward_input(vjps, g):
-        """The stage's input gradient from its output's `g`, and each layer's output cotangent
-        (what `backward_weight` needs)."""
-        cotangents = []
+        """The stage's input gradient from its output's `g`, and per layer what
+        `backward_weight` needs (its output cotangent and the values of its backward that the
+        input gradient computed: `split_backward`)."""
+        kept = []
         for vjp in reversed(vjps):
-            cotangents.append(g)
-            g = vjp(g)[1]  # the parameter half is unused here: XLA drops it
-        return g, cotangents[::-1]
+            g, k = split_backward.input_half(vjp, g)
+            kept.append(k)
+        return g, kept[::-1]
 
     @staticmethod
-    def backward_weight(vjps, cotangents, acc):
-        """acc + the stage's parameter gradients from its layers' vjps and output cotangents."""
-        for vjp, g in zip(vjps, cotangents):
-            acc = jax.tree.map(jnp.add, acc, vjp(g)[0])  # the input half is unused: XLA drops it
+    def backward_weight(vjps, kept, acc):
+        """acc + the stage's parameter gradients from its layers' vjps and what
+        `backward_input` kept of each."""
+        for vjp, k in zip(vjps, kept):
+            acc = jax.tree.map(jnp.add, acc, split_backward.weight_half(vjp, k))
         return acc
 
     def last_input(self, params, stats, x, label, weight, denom, z_sum, sums):
