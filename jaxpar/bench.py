@@ -119,11 +119,11 @@ def _time_steps(strategy, state, batch, chained: bool, k: int, warmup: int, iter
     """Warm up, then time `iters` calls (each waited for): (the state after, each step's
     seconds, {"wire": the interface's counter changes over the timed calls} or {})."""
     holder = {"state": state}
-    waited = []  # p2p.waited_s() as each timed call starts (the one before it was waited for)
+    waited = []  # p2p.waited() as each timed call starts (the one before it was waited for)
 
     def one_call():
         watchdog.progress()  # the call before this one was waited for
-        waited.append(p2p.waited_s())
+        waited.append(p2p.waited())
         if not chained:
             holder["state"], sums = strategy.step(holder["state"], batch)
         else:  # --steps-per-dispatch K: K steps per call, each timed as the call's K-th part
@@ -136,7 +136,7 @@ def _time_steps(strategy, state, batch, chained: bool, k: int, warmup: int, iter
     before = wire_counters(wire) if wire else None
     waited.clear()
     times = [t / k for t in measure.time_calls(one_call, iters, warmup=0)]
-    waited.append(p2p.waited_s())
+    waited.append(p2p.waited())
     measured_wire = {} if before is None else {"wire": {
         "interface": wire, "steps": iters * k,
         **{name: n - before[name] for name, n in wire_counters(wire).items()}}}
@@ -145,13 +145,14 @@ def _time_steps(strategy, state, batch, chained: bool, k: int, warmup: int, iter
 
 def _waited_ms(marks: list, k: int) -> dict:
     """{"p2p_waited_ms": each process's median milliseconds a step in its programs' socket
-    receives and flushes} (`marks`: p2p.waited_s() as each timed call started, and after the
-    last), when this run spans processes that message each other (a pipeline's stages, one
-    program per process); else {}. A collective under jax.distributed: every process calls
-    it, whatever its strategy, at the same point."""
+    receives and flushes} (`marks`: p2p.waited() as each timed call started, and after the
+    last), when this run spans processes whose programs message each other (a pipeline's
+    stages, one program per process); else {}. A collective under jax.distributed: every
+    process calls it, whatever its strategy, at the same point."""
     if not processes.many():
         return {}
-    mine = np.nan if None in marks else 1000 * float(np.median(np.diff(marks))) / k
+    messaged = None not in marks and marks[-1][1] > marks[0][1]
+    mine = 1000 * float(np.median(np.diff([m[0] for m in marks]))) / k if messaged else np.nan
     every = [float(x) for x in processes.every_process(np.float64(mine))]
     return {} if any(np.isnan(every)) else {"p2p_waited_ms": every}
 

@@ -118,6 +118,12 @@ def test_when_one_process_cannot_build_the_messages_all_walk_from_the_host(comm,
     t = eq.run(stack_config(strategy="pipeline"), steps=1)
     assert t.strategy.runtime.column is None
     assert f"process {comm.Get_size() - 1}: no C++ compiler (the test's)" in t.strategy.describe()["step_programs"]
+    # bench's accounting of a walked schedule that splits its backward over two stages a device
+    from jaxpar import bench
+
+    metrics = bench.benchmark(stack_config(strategy="pipeline", schedule="zbv"), iters=1, warmup=0,
+                              matmul_peak=False).metrics
+    assert metrics["activation_bytes_per_device"] > 0 and "p2p_waited_ms" not in metrics
 
 
 def test_hybrid_keeps_tensor_within_a_process(stack_config):

@@ -129,8 +129,9 @@ extern "C" void JaxparOutboxClose(int64_t id) {
 
 // Nanoseconds this process's programs have spent in socket receives and flushes: a rank of one
 // thread does nothing else meanwhile, so over a step it is that rank's idle time (its share of
-// the bubble, and its messages' time on the wire), which bench reads (`p2p.waited_s`).
+// the bubble, and its messages' time on the wire), which bench reads (`p2p.waited`).
 static std::atomic<int64_t> waited_ns{0};
+static std::atomic<int64_t> receives{0};  // socket receives made: none, and a run messaged nothing
 
 struct Waited {  // adds the time from its making to its end to waited_ns
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
@@ -141,6 +142,7 @@ struct Waited {  // adds the time from its making to its end to waited_ns
 };
 
 extern "C" int64_t JaxparWaitedNs() { return waited_ns.load(); }
+extern "C" int64_t JaxparReceives() { return receives.load(); }
 
 // Send(x, order) -> 0.0f, at once: x's bytes written straight into the socket as far as its
 // buffer takes them without waiting (nothing queued before them), the rest into the
@@ -190,6 +192,7 @@ static ffi::Error Flush(ffi::AnyBuffer order, ffi::Result<ffi::BufferR0<ffi::F32
 // (unused) makes the call wait for what the caller computed before it.
 static ffi::Error Recv(ffi::AnyBuffer order, ffi::Result<ffi::AnyBuffer> out, int64_t fd) {
   Waited waited;
+  ++receives;
   char* p = static_cast<char*>(out->untyped_data());
   size_t n = out->size_bytes();
   while (n > 0) {

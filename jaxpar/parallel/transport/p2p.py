@@ -23,7 +23,7 @@ without a compiler `unavailable()` says why and pipelines keep the host walk (`t
     done = links.send(x, peer, after=order)            # inside jit: a zero, to order later work
     y = links.receive(spec, peer, after=order)         # the next message from `peer`
     done = links.flush(after=order)                    # every connection's sends written out
-    p2p.waited_s()                                     # seconds spent in receives and flushes
+    p2p.waited()                                       # (seconds in receives and flushes, receives)
 
 Every wait is bounded: connecting by `CONNECT_TIMEOUT_S`, each write and receive by the
 sockets' `timeout_s()` (SO_SNDTIMEO / SO_RCVTIMEO; TCP_USER_TIMEOUT for data the peer never
@@ -86,17 +86,18 @@ def _library() -> ctypes.CDLL:
     lib.JaxparOutboxClose.argtypes = [ctypes.c_int64]
     lib.JaxparChannelOpen.restype = ctypes.c_int64
     lib.JaxparChannelClose.argtypes = [ctypes.c_int64]
-    lib.JaxparWaitedNs.restype = ctypes.c_int64
+    lib.JaxparWaitedNs.restype = lib.JaxparReceives.restype = ctypes.c_int64
     return lib
 
 
-def waited_s() -> float | None:
-    """Seconds this process's programs have spent in socket receives and flushes so far (a
-    rank of one thread idles meanwhile: its bubble and its messages' time on the wire); None
-    where no program here has used them (the library is not loaded: nothing was counted)."""
+def waited() -> tuple[float, int] | None:
+    """(seconds this process's programs have spent in socket receives and flushes so far,
+    the socket receives they made): a rank of one thread idles meanwhile, its bubble and its
+    messages' time on the wire. None where the library is not loaded (nothing was counted)."""
     if not _library.cache_info().currsize:
         return None
-    return _library().JaxparWaitedNs() / 1e9
+    lib = _library()
+    return lib.JaxparWaitedNs() / 1e9, lib.JaxparReceives()
 
 
 class Channel:

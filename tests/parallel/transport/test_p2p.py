@@ -51,24 +51,24 @@ def test_a_sent_array_arrives_whole(pair, dtype):
 
 
 def test_the_time_blocked_in_a_receive_is_counted(pair):
-    """`waited_s`: a receive whose message comes 0.3 s later adds those 0.3 s (a rank of one
-    thread idles meanwhile: bench's `p2p_waited_ms`); a receive whose message is there adds
-    next to nothing."""
+    """`waited`: a receive whose message comes 0.3 s later adds those 0.3 s (a rank of one
+    thread idles meanwhile: bench's `p2p_waited_ms`) and one receive; a receive whose message
+    is there adds next to nothing."""
     out, into = p2p.Links({1: pair[0]}), p2p.Links({0: pair[1]})
     x = jnp.ones((1000,), jnp.float32)
     receive = jax.jit(lambda o: into.receive(jax.ShapeDtypeStruct(x.shape, x.dtype), 0, after=o))
     send = jax.jit(lambda x: out.send(x, 1))
     jax.block_until_ready(receive.lower(jnp.zeros(())).compile())  # compiled before the clock
-    before = p2p.waited_s()
+    (before, count) = p2p.waited()
     late = threading.Timer(0.3, lambda: jax.block_until_ready(send(x)))
     late.start()
     jax.block_until_ready(receive(jnp.zeros(())))
     late.join()
-    waited = p2p.waited_s() - before
-    assert 0.25 < waited < 5.0
+    waited = p2p.waited()[0] - before
+    assert 0.25 < waited < 5.0 and p2p.waited()[1] == count + 1
     jax.block_until_ready(send(x))
     jax.block_until_ready(receive(jnp.zeros(())))  # already there
-    assert p2p.waited_s() - before - waited < 0.1
+    assert p2p.waited()[0] - before - waited < 0.1 and p2p.waited()[1] == count + 2
 
 
 def test_a_send_over_a_connection_never_waits_for_its_receiver_and_a_flush_waits_until_written(pair):

@@ -148,10 +148,13 @@ class HostRuntime:
         returns and its backward consumes later, one set per micro-batch in flight."""
         if self.column is not None:
             return max(m["temp_bytes"] for m in memory.values())
-        peaks = peak_in_flight(table(self.schedule))
-        held = [memory[f"train_fwd{s}@0"]["output_bytes"] * max(1, peaks[s]) + memory[f"bwd{s}@0"]["temp_bytes"]
-                for s in range(self.schedule.stages - 1)]
-        return max([*held, memory["last@0"]["temp_bytes"]])
+        schedule = self.schedule
+        peaks = peak_in_flight(table(schedule))  # per device, over every stage it holds
+        forward, backward, last = (("layers_fwd", "bwd_in", "last_in") if schedule.splits_backward
+                                   else ("train_fwd", "bwd", "last"))
+        held = [memory[f"{forward}{s}@0"]["output_bytes"] * max(1, peaks[schedule.device_of(s, 0)])
+                + memory[f"{backward}{s}@0"]["temp_bytes"] for s in range(schedule.stages - 1)]
+        return max([*held, memory[f"{last}@0"]["temp_bytes"]])
 
     def facts(self, batch_size: int) -> dict:
         """What `describe` reports of the runtime."""
