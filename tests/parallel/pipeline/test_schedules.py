@@ -76,14 +76,31 @@ def test_every_schedule_lowers_to_messages_that_cannot_deadlock(name):
                 assert "--microbatches" in str(e) or "--mesh" in str(e) or name == "gems", e
                 continue
             messages.check_program(schedule, schedules.lower(schedule), buffered=False)
-            for early in (False, True):
-                program = schedules.lower(schedule, buffered=True, sends_first=True, early_last_gradients=early)
+            for early, late in ((False, False), (True, False), (True, True)):
+                program = schedules.lower(schedule, buffered=True, sends_first=True, early_last_gradients=early,
+                                          late_receives=late)
                 messages.check_program(schedule, program, buffered=True)
+                if late:
+                    _each_receive_just_before_its_taker_or_a_later_receive(schedule, program)
                 sends = sum(isinstance(op, schedules.Send) for ops in program for op in ops)
                 assert sends == sum(isinstance(op, schedules.Recv) for ops in program for op in ops)
                 # every micro-batch crosses every boundary between devices up and back once
                 crossing = sum(schedule.device_of(k) != schedule.device_of(k + 1) for k in range(schedule.stages - 1))
                 assert sends == 2 * micro * crossing
+
+
+def _each_receive_just_before_its_taker_or_a_later_receive(schedule, program):
+    """`late_receives`: a device blocks on a message only when the next thing it runs needs
+    it (or needs one the same link delivers after it)."""
+    from jaxpar.parallel.pipeline.schedules import messages
+
+    for ops in program:
+        for i, op in enumerate(ops):
+            if isinstance(op, schedules.Recv):
+                rest = ops[i + 1:]
+                nxt = next(o for o in rest if not isinstance(o, schedules.Recv))
+                takers = [messages.taker(r.message, schedule) for r in rest[:rest.index(nxt)]]
+                assert messages.taker(op.message, schedule) == nxt or nxt in takers, (op, nxt)
 
 
 def test_a_pair_receiving_out_of_order_is_refused():

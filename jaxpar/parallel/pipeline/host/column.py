@@ -62,8 +62,8 @@ class ColumnStep:
         self.schedule, self.fns, self.placement, self.states = schedule, fns, placement, states
         self.programs, self.boundary_shapes = programs, boundary_shapes
         self.across = processes.many()  # one stage per process, TCP between them
-        self.lowered = lower(schedule, buffered=True, sends_first=not self.across,
-                             early_last_gradients=self.across)
+        self.lowered = lower(schedule, buffered=True, sends_first=True, early_last_gradients=self.across,
+                             late_receives=True)
         self.mine = [d for d in range(schedule.devices) if processes.owns(placement.devices[d])]
         self.links = self._connect()
         for d in self.mine:
