@@ -73,15 +73,16 @@ def pipeline_findings(data_dir: Path) -> str:
                        at(name, max(r["M"] for r in timed if r["schedule"] == name)))
                 for name in dict.fromkeys(r["schedule"] for r in timed)}
         lines.append("Activations per device: " + "; ".join(
-            f"{name} {_mib(a):.1f} MiB at M = {a['M']}, {_mib(b):.1f} at M = {b['M']}" for name, (a, b) in ends.items())
-            + ".")
+            f"{name} {_mib(a):.1f} MiB at M = {a['M']}" + (f", {_mib(b):.1f} at M = {b['M']}" if b is not a else "")
+            for name, (a, b) in ends.items()) + ".")
         single = (m.get("single") or {}).get("images_per_sec")
         if single:
             ones = [r for r in timed if r["M"] == first]
             lines.append(f"At M = {first} the pipelines run {span([r['images_per_sec'] / single for r in ones], '.2f', 'x')} "
                          f"`single` on one device at the same batch ({listing([num(r['images_per_sec']) for r in ones])} "
                          f"against {num(single)} images/s); from the smallest timed M to the largest: " + "; ".join(
-                             f"{name} from {num(a['images_per_sec'])} to {num(b['images_per_sec'])}"
+                             (f"{name} from {num(a['images_per_sec'])} to {num(b['images_per_sec'])}" if b is not a
+                              else f"{name} {num(a['images_per_sec'])} (timed at M = {a['M']} alone)")
                              for name, (a, b) in ends.items()) + " images/s.")
         spread = {(r["schedule"], r["M"]): max(r["step_ms_rounds"]) / min(r["step_ms_rounds"]) - 1
                   for r in timed if len(r.get("step_ms_rounds", ())) > 1}
