@@ -24,7 +24,7 @@ from jaxpar.errors import ConfigError
 from jaxpar.optim import make_optimizer
 from jaxpar.parallel.pipeline.host import serial as host_serial, timeline as host_timeline
 from jaxpar.parallel.pipeline.schedules import timed_bubble
-from jaxpar.parallel.transport import p2p, processes
+from jaxpar.parallel.transport import addresses, p2p, processes
 from jaxpar.results import RunResult, capture_provenance, environment
 from jaxpar.runtime import watchdog
 from jaxpar.train import build_model, make_strategy
@@ -153,7 +153,7 @@ def _waited_ms(marks: list, k: int) -> dict:
         return {}
     messaged = None not in marks and marks[-1][1] > marks[0][1]
     mine = 1000 * float(np.median(np.diff([m[0] for m in marks]))) / k if messaged else np.nan
-    every = [float(x) for x in processes.every_process(np.float64(mine))]
+    every = [float(x) for x in addresses.every_process(np.float64(mine))]
     return {} if any(np.isnan(every)) else {"p2p_waited_ms": every}
 
 

@@ -198,13 +198,21 @@ def timeline_point(config: PipelineConfig, schedule: str, m: int) -> Point:
     each simulated device on one thread of its own (as a rank with a core: sharing threads,
     another device's work would fill a bubble)."""
     S = config.timeline_stages
+    return _walked_point(config, schedule, m, config.timeline_model, S, config.timeline_batch_size,
+                         f"timelines/{schedule}-S{S}-M{m}")
+
+
+def _walked_point(config: PipelineConfig, schedule: str, m: int, model: str, stages: int, batch: int,
+                  folder: str) -> Point:
+    """`schedule` at M = m on `stages` simulated devices of one thread each, one program per
+    stage, under `bench --timeline`: a stamped step, and each action's programs timed alone."""
     by_schedule = {"strategy": GEMS} if schedule == GEMS else {"strategy": "pipeline", "schedule": schedule}
-    small = {"width": config.width, "depth": config.depth} if config.timeline_model == MODEL else {}
-    train = with_options(TrainConfig(), dataset="synthetic", model=config.timeline_model, devices=S,
-                         mesh=format_mesh({STAGE: S}), microbatches=m, pipeline_impl="mpmd",
-                         single_thread=True, batch_size=config.timeline_batch_size, **small, **by_schedule)
+    small = {"width": config.width, "depth": config.depth} if model == MODEL else {}
+    train = with_options(TrainConfig(), dataset="synthetic", model=model, devices=stages,
+                         mesh=format_mesh({STAGE: stages}), microbatches=m, pipeline_impl="mpmd",
+                         single_thread=True, batch_size=batch, **small, **by_schedule)
     bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False, timeline=True)
-    return Point(f"timelines/{schedule}-S{S}-M{m}", train, bench)
+    return Point(folder, train, bench)
 
 
 def point_on_ranks(config: PipelineConfig, schedule: str, m: int) -> Point:
@@ -224,12 +232,8 @@ def theory_point(config: PipelineConfig, schedule: str, m: int) -> Point:
     M on `config.ranks` simulated devices of one thread each, its programs timed one at a time
     (`bench --timeline`: `host.serial`), for the rank point's table replayed with them."""
     R = config.ranks
-    train = with_options(TrainConfig(), dataset="synthetic", model=MODEL, width=config.width,
-                         depth=config.depth, strategy="pipeline", schedule=schedule, devices=R,
-                         mesh=format_mesh({STAGE: R}), microbatches=m, pipeline_impl="mpmd",
-                         single_thread=True, batch_size=config.rank_batch_size)
-    bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False, timeline=True)
-    return Point(f"ranks/theory/{schedule}-R{R}-M{m}", train, bench)
+    return _walked_point(config, schedule, m, MODEL, R, config.rank_batch_size,
+                         f"ranks/theory/{schedule}-R{R}-M{m}")
 
 
 def action_seconds(timeline: dict) -> dict:

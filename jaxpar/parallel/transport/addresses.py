@@ -3,6 +3,7 @@ addresses: what `transfers` (the transfer servers) and `p2p` (in-program sockets
 
     host = local_address()                 # "10.0.0.2" on an emulated host, "127.0.0.1" alone
     every = exchange(f"{host}:{port}")     # every process's, by process index (a collective)
+    every_process(np.float64(x))           # any array of one shape on all, stacked
 """
 
 from __future__ import annotations
@@ -28,17 +29,22 @@ def local_address() -> str:
     return f"[{address}]" if family == socket.AF_INET6 else address
 
 
-def exchange(address: str) -> tuple[str, ...]:
-    """Every process's `address` (or any short text), by process index. A collective: every
-    process calls it at the same point."""
+def every_process(value: np.ndarray) -> np.ndarray:
+    """Every process's `value` (one shape and dtype on all), stacked by process index. A
+    collective: every process calls it at the same point."""
     # only under jax.distributed
     from jax.experimental import multihost_utils
 
+    return np.asarray(multihost_utils.process_allgather(np.asarray(value), tiled=False))
+
+
+def exchange(address: str) -> tuple[str, ...]:
+    """Every process's `address` (or any short text), by process index. A collective: every
+    process calls it at the same point."""
     mine = np.zeros(_ADDRESS_BYTES, np.uint8)
     encoded = address.encode()[:_ADDRESS_BYTES]  # a longer text (a reason) is cut short
     mine[:len(encoded)] = np.frombuffer(encoded, np.uint8)
-    every = np.asarray(multihost_utils.process_allgather(mine, tiled=False))
-    return tuple(bytes(row).rstrip(b"\0").decode(errors="replace") for row in every)
+    return tuple(bytes(row).rstrip(b"\0").decode(errors="replace") for row in every_process(mine))
 
 
 def split(address: str) -> tuple[str, int]:

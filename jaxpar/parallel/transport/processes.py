@@ -26,7 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSh
 
 from jaxpar.mesh import STAGE
 from jaxpar.parallel import layout
-from jaxpar.parallel.transport import transfers
+from jaxpar.parallel.transport import addresses, transfers
 
 
 def many() -> bool:
@@ -117,24 +117,12 @@ def _hop(mesh):
                                  in_specs=P(STAGE), out_specs=P(STAGE)))
 
 
-def every_process(value: np.ndarray) -> np.ndarray:
-    """Every process's `value` (one shape and dtype on all), stacked by process index. A
-    collective: every process calls it at the same point."""
-    # only under jax.distributed
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(np.asarray(value), tiled=False))
-
-
 def fetch_held(tree):
     """Host copy of `tree`, whose arrays are parts of the one global computation (each
     process holds a view of every array, with or without data): like `layout.host_copy`, and an
     array that only some processes hold is sent to all from the first of them. Every process
     calls it at the same point, and decides from the shardings alone, so all make the same
     collective calls in the same order."""
-    # only under jax.distributed
-    from jax.experimental import multihost_utils
-
     if not many():
         return jax.device_get(tree)
     transfers.settle()  # the collectives below may wait for arrays other processes still pull
@@ -148,6 +136,6 @@ def fetch_held(tree):
         owner = holders[0]
         value = np.asarray(x.addressable_shards[0].data) if owner == jax.process_index() else \
             np.zeros(x.shape, x.dtype)
-        return multihost_utils.process_allgather(value, tiled=False)[owner]
+        return addresses.every_process(value)[owner]
 
     return jax.tree.map(one, tree)

@@ -97,16 +97,12 @@ def _late(ops: tuple[Op, ...], schedule: Schedule) -> tuple[Op, ...]:
     blocks on a message only when it has nothing else to run."""
     waiting = [op for op in ops if isinstance(op, Recv)]  # in the order each link delivers
     out: list[Op] = []
-    for op in ops:
-        if isinstance(op, Recv):
-            continue
-        needed = [i for i, r in enumerate(waiting) if isinstance(op, Action) and taker(r.message, schedule) == op]
-        upto = {}  # source device -> the last of its receives to take now
-        for i in needed:
-            upto[waiting[i].source] = max(i, upto.get(waiting[i].source, i))
-        take = [i for i, r in enumerate(waiting) if i <= upto.get(r.source, -1)]
-        out += [waiting[i] for i in take] + [op]
-        waiting = [r for i, r in enumerate(waiting) if i not in take]
+    for op in (op for op in ops if not isinstance(op, Recv)):
+        upto = {r.source: i for i, r in enumerate(waiting)  # per link, the last receive `op` takes
+                if isinstance(op, Action) and taker(r.message, schedule) == op}
+        now = [r for i, r in enumerate(waiting) if i <= upto.get(r.source, -1)]
+        out += [*now, op]
+        waiting = [r for r in waiting if r not in now]
     return tuple(out + waiting)
 
 
