@@ -59,15 +59,18 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
     tx = make_optimizer(config.optim, total_steps=(warmup + iters) * k + 1)
     state = strategy.init(build_model(config), tx, mesh)
     batch = strategy.place_batch(host_batch)
+    # a step that runs as one program per process stamps itself: its timed steps are the timeline
+    in_program = timeline and strategy.stamp_programs()
     programs = strategy.compile("step", state, batch)  # also for K > 1: FLOPs of one step
     chained = strategy.compile("steps", state, (batch,) * k) if k > 1 else None
 
     with watchdog.armed(config.parallel.strategy):  # every timed wait bounded in a multi-process run
-        state, times, measured_wire = _time_steps(strategy, state, batch, chained is not None, k,
-                                                  warmup, iters, wire)
+        state, times, measured_wire, stamps = _time_steps(strategy, state, batch, chained is not None, k,
+                                                          warmup, iters, wire)
     median_s = sorted(times)[len(times) // 2]
     peak = measure.matmul_peak(list(mesh.devices.flat))["gflops"] if matmul_peak else None
-    measured_timeline = _timeline(strategy, state, batch) if timeline else {}
+    measured_timeline = ({} if not timeline else _walked_timeline(strategy, state, batch) if not in_program
+                         else {"timeline": {**strategy.program_timeline(stamps), **_bubbles(strategy)}})
     accounting = strategy.accounting(programs, state)
     achieved = programs.flops / median_s / 1e9
     metrics = {
@@ -117,7 +120,8 @@ WIRE_COUNTERS = ("tx_bytes", "tx_packets", "rx_bytes", "rx_packets")
 def _time_steps(strategy, state, batch, chained: bool, k: int, warmup: int, iters: int,
                 wire: str | None):
     """Warm up, then time `iters` calls (each waited for): (the state after, each step's
-    seconds, {"wire": the interface's counter changes over the timed calls} or {})."""
+    seconds, {"wire": the interface's counter changes over the timed calls} or {}, and
+    "p2p_waited_ms", the stamps the timed calls' programs took)."""
     holder = {"state": state}
     waited = []  # p2p.waited() as each timed call starts (the one before it was waited for)
 
@@ -135,12 +139,14 @@ def _time_steps(strategy, state, batch, chained: bool, k: int, warmup: int, iter
     measure.time_calls(one_call, 0, warmup=warmup)
     before = wire_counters(wire) if wire else None
     waited.clear()
+    p2p.take_stamps()  # the warm-up's
     times = [t / k for t in measure.time_calls(one_call, iters, warmup=0)]
     waited.append(p2p.waited())
+    stamps = p2p.take_stamps()
     measured_wire = {} if before is None else {"wire": {
         "interface": wire, "steps": iters * k,
         **{name: n - before[name] for name, n in wire_counters(wire).items()}}}
-    return holder["state"], times, {**measured_wire, **_waited_ms(waited, k)}
+    return holder["state"], times, {**measured_wire, **_waited_ms(waited, k)}, stamps
 
 
 def _waited_ms(marks: list, k: int) -> dict:
@@ -167,7 +173,14 @@ def wire_counters(interface: str) -> dict[str, int]:
     return {name: int((folder / name).read_text()) for name in WIRE_COUNTERS}
 
 
-def _timeline(strategy, state, batch) -> dict:
+def _bubbles(strategy) -> dict:
+    """The schedule's table's bubble (unit times) and its formula's, beside a timeline's."""
+    describe = strategy.describe()
+    return {"bubble_fraction": describe.get("bubble_fraction", 0.0),
+            "bubble_theory": describe.get("bubble_theory", 0.0)}
+
+
+def _walked_timeline(strategy, state, batch) -> dict:
     """One stamped step's events and its idle fraction (the order, for the figure), and the
     bubble twice, for the steps walked from the host: the schedule's table replayed with each
     action's measured time (`bubble_timed`, its theory) and the walk's own (`bubble_measured`:
@@ -176,7 +189,6 @@ def _timeline(strategy, state, batch) -> dict:
     the stamped one: its stamps lengthen every program. Both time the walk's programs, not
     the one program per device a step may run instead (`step_programs`)."""
     events = strategy.timeline(state, batch)
-    describe = strategy.describe()
     seconds, outside_s = host_serial.medians(strategy.serial_steps(state, batch))
     walk_s = float(np.median(strategy.walked_seconds(state, batch)))
     schedule = strategy.schedule
@@ -184,8 +196,7 @@ def _timeline(strategy, state, batch) -> dict:
     return {"timeline": {"events": events,
                          "idle_fraction": host_timeline.idle_fraction(events, len(strategy.devices)),
                          "bubble_measured": 1.0 - busy_s / (schedule.devices * (walk_s - outside_s)),
-                         "bubble_fraction": describe.get("bubble_fraction", 0.0),
-                         "bubble_theory": describe.get("bubble_theory", 0.0),
+                         **_bubbles(strategy),
                          "bubble_timed": timed_bubble(schedule, seconds),
                          "action_ms": {f"{k}{s}": 1000 * v for (k, s), v in sorted(seconds.items())},
                          "outside_ms": 1000 * outside_s, "walk_ms": 1000 * walk_s}}
@@ -213,8 +224,20 @@ def report(result: RunResult) -> str:
         f"{m['memory_per_device']['temp_bytes']:,} B",
         *([f"  idle in p2p      {', '.join(f'{w:.2f}' for w in m['p2p_waited_ms'])} ms a step (process by "
            f"process: blocked in receives and flushes)"] if "p2p_waited_ms" in m else []),
-        *([f"  timeline         walked step {m['timeline']['walk_ms']:.2f} ms idles "
-           f"{m['timeline']['bubble_measured']:.1%} of devices x walk; its table with the same action "
-           f"times {m['timeline']['bubble_timed']:.1%} (unit times {m['timeline']['bubble_fraction']:.1%})"]
-          if "timeline" in m else []),
+        *_timeline_lines(m.get("timeline")),
     ])
+
+
+def _timeline_lines(timeline: dict | None) -> list[str]:
+    """The report's line on a timeline: a walk's or the stamped step programs'."""
+    if timeline is None:
+        return []
+    if "walk_ms" not in timeline:
+        lived = "" if timeline["idle_ms"] is None else f"a step idles {timeline['idle_ms']:.2f} ms a device, "
+        return [f"  timeline         {timeline['steps']} steps stamped in their programs: {lived}messages "
+                f"awaited {', '.join(f'{w:.2f}' for w in timeline['receive_ms'])} ms (device by device); "
+                f"the table with their action times idles {timeline['idle_ms_timed']:.2f} ms a device "
+                f"({timeline['bubble_timed']:.1%}; unit times {timeline['bubble_fraction']:.1%})"]
+    return [f"  timeline         walked step {timeline['walk_ms']:.2f} ms idles "
+            f"{timeline['bubble_measured']:.1%} of devices x walk; its table with the same action "
+            f"times {timeline['bubble_timed']:.1%} (unit times {timeline['bubble_fraction']:.1%})"]

@@ -15,6 +15,7 @@ import pytest
 import equivalence as eq
 from jaxpar.profiling import measure
 from jaxpar.parallel import STRATEGIES
+from jaxpar.parallel.pipeline import schedules
 
 # (strategy, options): every model-parallel strategy, both pipeline schedules and --remat.
 CASES = [("tensor", {}), ("tensor-auto", {}), ("pipeline", {"schedule": "gpipe"}),
@@ -103,6 +104,29 @@ def test_bench_counts_each_process_time_blocked_in_its_messages(comm, stack_conf
     waited = metrics["p2p_waited_ms"]
     assert len(waited) == comm.Get_size() and 0 < waited[-1]
     assert all(0 <= w < 1.5 * metrics["step_time_ms_max"] for w in waited), (waited, metrics["step_time_ms_max"])
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zbv"])
+def test_bench_timeline_is_the_timed_steps_stamped_in_their_programs(comm, stack_config, schedule):
+    """`bench --timeline` where each process runs its step as one program: the timed steps'
+    own stamps, every process's: every action of the schedule once in the middle step,
+    each device's actions one after another, and the bubble as lived beside its table's."""
+    if jax.local_device_count() > 1:
+        pytest.skip("one device per process: the layout that runs one program each")
+    from jaxpar import bench
+
+    metrics = bench.benchmark(stack_config(strategy="pipeline", schedule=schedule), iters=3, warmup=1,
+                              matmul_peak=False, timeline=True).metrics
+    tl = metrics["timeline"]
+    assert tl["stamped"] == "in the step's programs" and tl["one_clock"] and tl["steps"] == 3
+    table = schedules.build(schedule, comm.Get_size(), stack_config(strategy="pipeline").parallel.microbatches)
+    done = sorted((e["kind"], e["microbatch"], e["stage"]) for e in tl["events"] if e["kind"] != "recv")
+    assert done == sorted((a.kind, a.microbatch, a.stage) for lst in table.lists for a in lst)
+    for d in range(comm.Get_size()):
+        mine = sorted((e["start_ms"], e["end_ms"]) for e in tl["events"] if e["device"] == d)
+        assert all(end <= next_start + 1e-3 for (_, end), (next_start, _) in zip(mine, mine[1:]))
+    assert 0 <= tl["idle_ms"] < metrics["step_time_ms_max"] and 0 <= tl["idle_ms_timed"] < metrics["step_time_ms_max"]
+    assert len(tl["receive_ms"]) == comm.Get_size() and tl["latency_ms"] is not None
 
 
 def test_when_one_process_cannot_build_the_messages_all_walk_from_the_host(comm, stack_config,

@@ -57,17 +57,23 @@ RunAction = Callable[[Action, Any, jax.Array], tuple[dict, jax.Array]]
 
 
 def execute(ops, schedule: Schedule, run: RunAction, transport: Transport,
-            like: Callable[[Any], jax.ShapeDtypeStruct]) -> jax.Array:
+            like: Callable[[Any], jax.ShapeDtypeStruct],
+            stamp: Callable[[jax.Array, int], jax.Array] | None = None) -> jax.Array:
     """Run one device's lowered ops in order. `run` computes an action from what arrived for
     it and returns what it hands on by kind ("F": its output, "B": its input's gradient;
     the last stage hands its gradient on from its forward when computing both at once);
-    `like(message)` is the shape of a message. Returns the order after the last op."""
+    `like(message)` is the shape of a message. `stamp(order, mark)`, if given, reads a clock
+    in the program as each action and receive begins (mark 2i, i its index in `ops`) and
+    ends (2i + 1): `stamp_marks`. Returns the order after the last op."""
     inbox: dict[Action, Any] = {}   # the consuming action -> what arrived (or was handed) for it
     outbox: dict = {}               # message -> the array to send
     order = messages = jnp.zeros((), jnp.float32)
-    for op in ops:
+    stamped = (lambda value, mark: tie(value, stamp(value, mark))) if stamp else (lambda value, mark: value)
+    for i, op in enumerate(ops):
         if isinstance(op, Action):
+            order = stamped(order, 2 * i)
             produced, order = run(op, inbox.pop(op, None), order)
+            order = stamped(order, 2 * i + 1)
             for kind, x in produced.items():
                 made = op._replace(kind=kind)
                 msg, local = message(made, schedule), consumer(made, schedule)
@@ -80,10 +86,16 @@ def execute(ops, schedule: Schedule, run: RunAction, transport: Transport,
             order, messages = tie(order, sent), tie(messages, sent)
         else:
             assert isinstance(op, Recv)
+            order = stamped(order, 2 * i)
             got = transport.receive(like(op.message), op.source, order)
             inbox[taker(op.message, schedule)] = got
-            order, messages = tie(order, got), tie(messages, got)
+            order, messages = stamped(tie(order, got), 2 * i + 1), tie(messages, got)
     return order
+
+
+def stamp_marks(ops) -> list[int]:
+    """The marks `execute` stamps in one run of `ops`, in the order it stamps them."""
+    return [2 * i + edge for i, op in enumerate(ops) if not isinstance(op, Send) for edge in (0, 1)]
 
 
 def message_like(schedule: Schedule, boundary_shapes, rows: int) -> Callable:

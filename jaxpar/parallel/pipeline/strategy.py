@@ -231,6 +231,15 @@ class PipelineStrategy(Strategy):
         `bench --timeline` refuses the SPMD runtime before any work)."""
         return self.runtime.timeline(state, batch)
 
+    def stamp_programs(self) -> bool:
+        """Whether the step runs as one program per process; if so, its programs stamp each
+        action and receive from their first trace on (`program_timeline`)."""
+        return self.runtime.stamp_programs()
+
+    def program_timeline(self, stamps) -> dict:
+        """The steps those programs stamped (`host.timeline.program_timeline`; a collective)."""
+        return self.runtime.program_timeline(stamps)
+
     def serial_steps(self, state, batch, walks: int = 3):
         """Every action's programs timed alone, `walks` times (`host.serial`)."""
         return self.runtime.serial_steps(state, batch, walks)

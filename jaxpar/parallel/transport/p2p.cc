@@ -6,6 +6,7 @@
 // a channel it copies the message into the queue. A socket receive blocks its thread (one
 // device per process), a channel receive returns a future the send completes. Every wait is
 // bounded: SO_SNDTIMEO / SO_RCVTIMEO on the sockets, timeout_s on channel receives and flushes.
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -144,6 +145,43 @@ struct Waited {  // adds the time from its making to its end to waited_ns
 extern "C" int64_t JaxparWaitedNs() { return waited_ns.load(); }
 extern "C" int64_t JaxparReceives() { return receives.load(); }
 
+// Stamps: the steady clock (CLOCK_MONOTONIC: one clock for every process of a host) read by a
+// program where it calls Stamp, with the call's mark, kept until taken. bench's timeline of a
+// step run as one program per process (`p2p.stamp`): when each action began and ended
+// inside it, where a host callback would wait for the interpreter. At most kMaxStamps are
+// kept (a run that never takes them holds 16 MiB at most).
+static std::mutex& stamps_mu = *new std::mutex;
+static std::vector<int64_t>& stamps = *new std::vector<int64_t>;  // mark, ns, mark, ns, ...
+static constexpr size_t kMaxStamps = 1 << 20;
+
+// Stamp(order) -> 0.0f once `order` exists, the clock read then kept with `mark`.
+static ffi::Error Stamp(ffi::AnyBuffer order, ffi::Result<ffi::BufferR0<ffi::F32>> done, int64_t mark) {
+  int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::steady_clock::now().time_since_epoch()).count();
+  *done->typed_data() = 0.0f;
+  std::lock_guard<std::mutex> lock(stamps_mu);
+  if (stamps.size() < 2 * kMaxStamps) {
+    stamps.push_back(mark);
+    stamps.push_back(ns);
+  }
+  return ffi::Error::Success();
+}
+
+// Copies the stamps kept (mark, ns pairs; at most `capacity` int64s) into `out` and forgets
+// them all; returns how many int64s it copied.
+extern "C" int64_t JaxparStampsTake(int64_t* out, int64_t capacity) {
+  std::lock_guard<std::mutex> lock(stamps_mu);
+  int64_t n = std::min<int64_t>(capacity, static_cast<int64_t>(stamps.size()));
+  std::memcpy(out, stamps.data(), n * sizeof(int64_t));
+  stamps.clear();
+  return n;
+}
+
+extern "C" int64_t JaxparStampsKept() {
+  std::lock_guard<std::mutex> lock(stamps_mu);
+  return static_cast<int64_t>(stamps.size());
+}
+
 // Send(x, order) -> 0.0f, at once: x's bytes written straight into the socket as far as its
 // buffer takes them without waiting (nothing queued before them), the rest into the
 // connection's outbox for its thread to write. Writing here first spares the usual message,
@@ -214,6 +252,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxparFlush, Flush,
         .Attr<int64_t>("timeout_s"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxparRecv, Recv,
     ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attr<int64_t>("fd"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxparStamp, Stamp,
+    ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::BufferR0<ffi::F32>>().Attr<int64_t>("mark"));
 
 // In-process channels: id -> messages sent and not yet received, or receives waiting for a
 // message. A receive that finds no message does not block its thread: it returns a future

@@ -24,6 +24,8 @@ without a compiler `unavailable()` says why and pipelines keep the host walk (`t
     y = links.receive(spec, peer, after=order)         # the next message from `peer`
     done = links.flush(after=order)                    # every connection's sends written out
     p2p.waited()                                       # (seconds in receives and flushes, receives)
+    zero = p2p.stamp(order, mark)                      # inside jit: the clock read once order exists
+    p2p.take_stamps()                                  # [(mark, ns), ...] taken since the last call
 
 Every wait is bounded: connecting by `CONNECT_TIMEOUT_S`, each write and receive by the
 sockets' `timeout_s()` (SO_SNDTIMEO / SO_RCVTIMEO; TCP_USER_TIMEOUT for data the peer never
@@ -56,6 +58,7 @@ CONNECT_TIMEOUT_S = 60
 BUFFER_BYTES = 4 << 20  # socket buffers: a micro-batch's activation fits (kernel caps apply)
 _SEND, _RECV, _FLUSH = "jaxpar_p2p_send", "jaxpar_p2p_recv", "jaxpar_p2p_flush"
 _CHAN_SEND, _CHAN_RECV = "jaxpar_chan_send", "jaxpar_chan_recv"
+_STAMP = "jaxpar_stamp"
 
 
 Unavailable = native.Unavailable  # the custom calls cannot be built or loaded here
@@ -81,12 +84,15 @@ def unavailable() -> str | None:
 def _library() -> ctypes.CDLL:
     """The built custom calls, loaded and registered with XLA:CPU (once per process)."""
     lib = native.register(native.build_library(SOURCE), {_SEND: "JaxparSend", _RECV: "JaxparRecv", _FLUSH: "JaxparFlush",
-                                                 _CHAN_SEND: "JaxparChanSend", _CHAN_RECV: "JaxparChanRecv"})
+                                                 _CHAN_SEND: "JaxparChanSend", _CHAN_RECV: "JaxparChanRecv",
+                                                 _STAMP: "JaxparStamp"})
     lib.JaxparOutboxOpen.argtypes, lib.JaxparOutboxOpen.restype = [ctypes.c_int], ctypes.c_int64
     lib.JaxparOutboxClose.argtypes = [ctypes.c_int64]
     lib.JaxparChannelOpen.restype = ctypes.c_int64
     lib.JaxparChannelClose.argtypes = [ctypes.c_int64]
     lib.JaxparWaitedNs.restype = lib.JaxparReceives.restype = ctypes.c_int64
+    lib.JaxparStampsTake.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.JaxparStampsTake.restype = lib.JaxparStampsKept.restype = ctypes.c_int64
     return lib
 
 
@@ -98,6 +104,25 @@ def waited() -> tuple[float, int] | None:
         return None
     lib = _library()
     return lib.JaxparWaitedNs() / 1e9, lib.JaxparReceives()
+
+
+def stamp(after: jax.Array, mark: int) -> jax.Array:
+    """Inside jit: a float32 zero once `after` is computed, the host's monotonic clock read
+    then and kept with `mark` until `take_stamps` (tie later work to the zero to stamp before it)."""
+    return jax.ffi.ffi_call(_STAMP, jax.ShapeDtypeStruct((), jnp.float32), has_side_effect=True)(
+        after, mark=np.int64(mark))
+
+
+def take_stamps() -> np.ndarray:
+    """The stamps programs took since the last call, in the order taken: rows of (mark,
+    nanoseconds on the host's monotonic clock, which every process of a host shares); empty
+    where the library is not loaded."""
+    if not _library.cache_info().currsize:
+        return np.zeros((0, 2), np.int64)
+    lib = _library()
+    out = np.zeros(lib.JaxparStampsKept(), np.int64)
+    taken = lib.JaxparStampsTake(out.ctypes.data, out.size)
+    return out[:taken - taken % 2].reshape(-1, 2)
 
 
 class Channel:

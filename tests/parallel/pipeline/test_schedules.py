@@ -144,6 +144,32 @@ def test_the_bubble_as_a_time_is_the_fraction_of_the_replayed_span():
     assert schedules.timed_bubble(gpipe, times) == pytest.approx(3.0 / 15)
 
 
+def test_a_message_latency_and_each_actions_own_time_lengthen_the_replay():
+    """`latency`: what one device hands another arrives that much later (1F1B, 2 devices, unit
+    times: each of the 2M messages on the path that waits for it); a time given for an action
+    itself counts before its kind's."""
+    one = schedules.build("1f1b", 2, 4)
+    unit = schedules.timing.replay(one)[0]
+    assert schedules.timing.replay(one, latency=0.5)[0] > unit
+    assert schedules.timing.replay(one, latency=0.5)[1] == schedules.timing.replay(one)[1]  # work unchanged
+    first = one.lists[0][0]
+    assert schedules.timing.replay(one, {first: 3.0, "F": 1.0, "B": 2.0})[0] == unit + 2.0
+
+
+def test_sent_early_lists_the_last_stages_gradients_where_the_runtime_sends_them():
+    """GPipe whose last stage computes each gradient with its forward and sends it at once
+    (`lower(early_last_gradients=True)`): replayed so, the first stage's backwards start
+    while the last stage still computes; where gradients cannot leave early (two stages a
+    device: ZBV), the schedule is its own."""
+    gpipe = schedules.build("gpipe", 2, 4)
+    early = schedules.sent_early(gpipe)
+    assert [a.kind for a in early.lists[1]] == ["F", "B"] * 4
+    times = {"F": 1.0, ("B", 1): 0.0, "B": 2.0}
+    assert schedules.timing.replay(early, times)[0] < schedules.timing.replay(gpipe, times)[0]
+    zbv = schedules.build("zbv", 2, 4)
+    assert schedules.sent_early(zbv) is zbv
+
+
 @pytest.mark.parametrize("name,virtual", [("zbv", 3), ("dualpipev", 1), ("gpipe", 2)])
 def test_a_fixed_placement_refuses_other_virtual_stages(name, virtual):
     with pytest.raises(schedules.ScheduleError, match="--virtual-stages"):

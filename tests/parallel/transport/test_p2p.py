@@ -10,6 +10,7 @@ processes they run under mpiexec (tests/mpi/test_model_parallel.py: `pipeline` a
 import socket
 import struct
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -69,6 +70,32 @@ def test_the_time_blocked_in_a_receive_is_counted(pair):
     jax.block_until_ready(send(x))
     jax.block_until_ready(receive(jnp.zeros(())))  # already there
     assert p2p.waited()[0] - before - waited < 0.1 and p2p.waited()[1] == count + 2
+
+
+def test_stamps_read_the_clock_inside_a_program_in_its_order(pair):
+    """`stamp`: a program's stamps come back with their marks, in the order the program ran
+    them (each after what it was given), on the host's monotonic clock, once: a receive whose
+    message comes 0.3 s later lies between the stamps around it."""
+    out, into = p2p.Links({1: pair[0]}), p2p.Links({0: pair[1]})
+    x = jnp.ones((10,), jnp.float32)
+
+    @jax.jit
+    def stamped_receive(order):
+        order = order + p2p.stamp(order, 7)
+        got = into.receive(jax.ShapeDtypeStruct(x.shape, x.dtype), 0, after=order)
+        return got + p2p.stamp(got.sum(), 8)
+
+    jax.block_until_ready(stamped_receive.lower(jnp.zeros(())).compile())
+    p2p.take_stamps()
+    late = threading.Timer(0.3, lambda: jax.block_until_ready(jax.jit(lambda x: out.send(x, 1))(x)))
+    late.start()
+    before = time.monotonic_ns()
+    jax.block_until_ready(stamped_receive(jnp.zeros(())))
+    late.join()
+    stamps = p2p.take_stamps()
+    assert stamps[:, 0].tolist() == [7, 8]
+    assert before <= stamps[0, 1] and stamps[1, 1] - stamps[0, 1] > 0.25e9
+    assert len(p2p.take_stamps()) == 0  # taken once
 
 
 def test_a_send_over_a_connection_never_waits_for_its_receiver_and_a_flush_waits_until_written(pair):

@@ -32,7 +32,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxpar import step as steplib
-from jaxpar.parallel.pipeline.device_program import StageCopy, execute, message_like, tie
+from jaxpar.parallel.pipeline.device_program import StageCopy, after, execute, message_like, tie
+from jaxpar.parallel.pipeline.host import timeline
 from jaxpar.parallel.pipeline.schedules import lower
 from jaxpar.parallel.transport import addresses, p2p, processes
 from jaxpar.profiling import measure
@@ -66,6 +67,7 @@ class ColumnStep:
                              late_receives=True)
         self.mine = [d for d in range(schedule.devices) if processes.owns(placement.devices[d])]
         self.links = self._connect()
+        self.stamping = False  # its programs stamp each action and receive (`timeline.program_steps`)
         for d in self.mine:
             programs.register(f"rank_step{d}", functools.partial(self._step, d),
                               donate_argnums=(0, 1), static_argnums=(6,))
@@ -149,10 +151,14 @@ class ColumnStep:
                                     early=self.across, split=split)
                   for k, (r, s, _) in enumerate(self._copies(d))}
         run = lambda action, arrived, order: copies[action.replica, action.stage].run(action, arrived, order)  # noqa: E731
+        stamp = (lambda x, mark: p2p.stamp(x, timeline.device_mark(d, mark))) if self.stamping else None  # noqa: E731
         order = execute(self.lowered[d], self.schedule, run, links,
-                        message_like(self.schedule, self.boundary_shapes, rows))
+                        message_like(self.schedule, self.boundary_shapes, rows), stamp)
         order = self._combine(d, copies, order)
-        out = [fns.update(params[k], opts[k], c.acc, c.z) for k, c in enumerate(copies.values())]
+        # the update after the schedule's last op: else XLA may start it inside the last action
+        # (both need its gradients), and a stamped timeline counts it there
+        out = [fns.update(params[k], opts[k], *jax.tree.map(lambda x: after(x, order), (c.acc, c.z)))
+               for k, c in enumerate(copies.values())]
         links.flush(after=tie(order, out))  # after the update: its wait holds a thread
         last = self.schedule.stages - 1
         held_sums = [c.sums for c in copies.values() if c.r == 0 and c.s == last]

@@ -17,7 +17,7 @@ import time
 from jaxpar.parallel.pipeline.host import aot, column, serial, timeline, walk
 from jaxpar.parallel.pipeline.host.programs import ProgramTable, register_stage_programs
 from jaxpar.parallel.pipeline.host.state import StageStates
-from jaxpar.parallel.pipeline.schedules import peak_in_flight, table
+from jaxpar.parallel.pipeline.schedules import peak_in_flight, sent_early, table
 from jaxpar.parallel.transport import processes
 from jaxpar.profiling import measure
 
@@ -95,6 +95,21 @@ class HostRuntime:
     def timeline(self, state, batch) -> list[dict]:
         """A measured per-device timeline of one step (the walk's programs, stamped)."""
         return timeline.timeline(lambda: self._walk(state, batch, "timeline"), self.programs.stamps)
+
+    def stamp_programs(self) -> bool:
+        """Whether the step runs as one program per process (`column` across processes): if
+        so, its programs, traced from now on, stamp each action and receive."""
+        if self.column is None or not self.column.across:
+            return False
+        self.column.stamping = True
+        return True
+
+    def program_timeline(self, stamps) -> dict:
+        """The steps those programs stamped, every process's (a collective), beside the table
+        replayed as this runtime lists it (the last stage's gradients sent from its forwards)."""
+        column = self.column
+        return timeline.program_timeline(self.schedule, column.lowered, column.mine, stamps,
+                                         sent_early(self.schedule))
 
     def serial_steps(self, state, batch, walks: int) -> list[serial.SerialStep]:
         """`walks` steps' programs each run alone and timed (`serial`), after one that compiles

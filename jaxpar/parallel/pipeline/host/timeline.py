@@ -15,12 +15,17 @@ seeing the schedule, not for the step time (`bench` measures that without stamps
 from __future__ import annotations
 
 import functools
+import socket
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
+
+from jaxpar.parallel.pipeline.device_program import stamp_marks
+from jaxpar.parallel.pipeline.schedules import FORWARD, Action, Recv, Schedule, Send, timing
+from jaxpar.parallel.transport import addresses
 
 
 class Stamps:
@@ -100,3 +105,133 @@ def _covered(intervals: list[tuple[float, float]]) -> float:
             total += end - max(start, reach)
             reach = end
     return total
+
+
+# --- a step run as one program per device, stamped inside its programs (`p2p.stamp`) ------------
+def device_mark(device: int, mark: int) -> int:
+    """A stamp's mark: `device_program.execute`'s, with the device whose program stamped it."""
+    return device << 32 | mark
+
+
+def program_steps(lowered, devices, stamps: np.ndarray) -> dict[int, np.ndarray]:
+    """Per device of `devices`, the clock its program read step by step (`stamps`: rows of
+    (mark, ns), `p2p.take_stamps`): (steps, stamps a step) nanoseconds, column j taken at
+    `stamp_marks(lowered[d])[j]`. RuntimeError unless they are whole steps in program order."""
+    out = {}
+    for d in devices:
+        marks = np.asarray(stamp_marks(lowered[d]), np.int64)
+        mine = stamps[stamps[:, 0] >> 32 == d]
+        steps = len(mine) // len(marks)
+        mine = mine[:steps * len(marks)].reshape(steps, len(marks), 2)
+        if not steps or ((mine[:, :, 0] & 0xFFFFFFFF) != marks).any():
+            raise RuntimeError(f"device {d}'s program stamps are not whole steps in program order "
+                               f"({len(stamps)} stamps)")
+        out[d] = mine[:, :, 1]
+    return out
+
+
+def program_events(ops, device: int, times_ms, begin_ms: float) -> list[dict]:
+    """One step of a device's stamped ops (a `program_steps` row, in ms) as events in ms from
+    `begin_ms`: each action, and each receive ("recv": the wait for a message)."""
+    events, ends = [], iter(times_ms)
+    for op in ops:
+        if isinstance(op, Send):
+            continue
+        start, end = float(next(ends)), float(next(ends))
+        if isinstance(op, Action):
+            what = {"program": f"{op.kind}{op.stage}", "kind": op.kind, "stage": op.stage,
+                    "replica": op.replica, "microbatch": op.microbatch}
+        else:
+            what = {"program": f"recv{op.source}", "kind": "recv", "stage": None, "replica": 0,
+                    "microbatch": op.message.microbatch}
+        events.append({"device": device, **what, "start_ms": start - begin_ms, "end_ms": end - begin_ms})
+    return events
+
+
+def program_timeline(schedule: Schedule, lowered, mine, stamps: np.ndarray, replayed: Schedule) -> dict:
+    """The timed steps as their programs stamped them, every process's devices (a collective;
+    `stamped_steps` reads them), beside the table replayed as the runtime lists it
+    (`replayed`: `messages.sent_early`)."""
+    steps = program_steps(lowered, mine, stamps)
+    count = int(addresses.every_process(np.int32(min(len(t) for t in steps.values()))).min())
+    # processes of one host share its clock: their times from the first stamp of all (gathered
+    # as float32, nanoseconds since boot would lose their last 21 bits); else each its own
+    one_clock = len(set(addresses.exchange(socket.gethostname()))) == 1
+    first = min(int(t[:count].min()) for t in steps.values())
+    begin = min(int(t) for t in addresses.exchange(str(first))) if one_clock else first
+    width = max(len(stamp_marks(ops)) for ops in lowered)
+    ms = np.full((count, schedule.devices, width), np.nan, np.float32)
+    for d, times in steps.items():
+        ms[:, d, :times.shape[1]] = (times[:count] - begin) / 1e6
+    every = np.fmax.reduce(addresses.every_process(ms), axis=0)
+    return stamped_summary(schedule, lowered, every, one_clock, replayed)
+
+
+def stamped_summary(schedule: Schedule, lowered, ms: np.ndarray, one_clock: bool, replayed: Schedule) -> dict:
+    """What the stamped steps say (`ms[step, device, j]`: the clock at `stamp_marks(lowered[d])[j]`):
+    each action's mean time (`action_ms`, by kind and stage) and each device's median wait for
+    messages a step (`receive_ms`); on one clock also the middle step's events, a message's
+    latency (`latency_ms`: the median time from its send to its receive's end, over receives
+    that began before it was sent) and the bubble as the steps lived it (`idle_ms`: a step's
+    span from its first action's start on any device to its last's end, less a device's mean
+    time in actions; the median over steps). Beside it the table's (`idle_ms_timed`, and as a
+    share `bubble_timed`): each step's table replayed with that step's own action times and
+    the latency, the median over steps. Mean times would not do: with next to no bubble in
+    its table (ZBV), a step idles mostly where its actions' times vary, which their means hide."""
+    took: dict[Action, np.ndarray] = {}  # per action, its time in each step (ms)
+    sent, received, waits = {}, {}, []
+    for d, ops in enumerate(lowered):
+        stamped_ops = [op for op in ops if not isinstance(op, Send)]
+        # per step and stamped op: when it began and ended (ms)
+        starts, ends = ms[:, d, 0:2 * len(stamped_ops):2], ms[:, d, 1:2 * len(stamped_ops):2]
+        j, previous = -1, None
+        for op in ops:
+            if isinstance(op, Send):
+                # sent as the action that computed it ends, where it follows that action (a send
+                # waits only for the sends before it: one listed after other ops may leave earlier)
+                if previous == _computed_by(op.message, schedule):
+                    sent[op.message] = ends[:, j]
+                continue
+            j, previous = j + 1, op
+            if isinstance(op, Action):
+                took[op] = ends[:, j] - starts[:, j]
+            else:
+                received[op.message] = (starts[:, j], ends[:, j])
+        receives = [j for j, op in enumerate(stamped_ops) if isinstance(op, Recv)]
+        waits.append(float(np.median((ends[:, receives] - starts[:, receives]).sum(axis=1))))
+    by_kind: dict[tuple, list] = {}
+    for a, times in took.items():
+        by_kind.setdefault((a.kind, a.stage), []).extend(times)
+    late = []  # a message's time from its send to its receive's end, where the receive waited for it
+    for m, (started, ended) in received.items():
+        if m in sent:
+            late += [end - at for start, end, at in zip(started, ended, sent[m]) if start < at]
+    latency_s = float(np.median(late)) / 1000 if late and one_clock else 0.0
+    steps = range(len(ms))
+    timed = [timing.replay(replayed, {a: float(t[k]) / 1000 for a, t in took.items()}, latency_s) for k in steps]
+    middle, lived = len(ms) // 2, None
+    if one_clock:
+        acts = {d: [2 * j for j, op in enumerate(o for o in ops if not isinstance(o, Send)) if isinstance(op, Action)]
+                for d, ops in enumerate(lowered)}
+        first = np.min([ms[:, d, acts[d]].min(axis=1) for d in acts], axis=0)
+        last = np.max([ms[:, d, [j + 1 for j in acts[d]]].max(axis=1) for d in acts], axis=0)
+        busy = sum(took.values()) / schedule.devices
+        lived = float(np.median(last - first - busy))
+    return {"stamped": "in the step's programs", "one_clock": one_clock, "steps": len(ms),
+            "events": ([e for d, ops in enumerate(lowered)
+                        for e in program_events(ops, d, ms[middle, d], float(np.nanmin(ms[middle])))]
+                       if one_clock else None),
+            "action_ms": {f"{kind}{stage}": float(np.mean(v)) for (kind, stage), v in sorted(by_kind.items())},
+            "receive_ms": waits, "latency_ms": 1000 * latency_s if one_clock else None,
+            "idle_ms": lived,
+            "idle_ms_timed": 1000 * float(np.median([span - busy / schedule.devices for span, busy in timed])),
+            "bubble_timed": float(np.median([1 - busy / (schedule.devices * span) for span, busy in timed]))}
+
+
+def _computed_by(message, schedule: Schedule) -> Action:
+    """The action whose run computes `message`: a forward its activation, a backward (or input
+    gradient) its gradient; the last stage's, its forward (run with its loss and backward)."""
+    if message.kind == FORWARD or message.sender == schedule.stages - 1:
+        return Action(FORWARD, message.microbatch, message.sender, message.replica)
+    kind = schedule.backward_kind(message.microbatch, message.sender, message.replica)
+    return Action(kind, message.microbatch, message.sender, message.replica)

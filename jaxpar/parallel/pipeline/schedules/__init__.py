@@ -13,7 +13,7 @@ import functools
 from jaxpar.parallel.pipeline.schedules.actions import (BACKWARD, FORWARD, Action, Schedule,
                                                          ScheduleError, consumer, needs)
 from jaxpar.parallel.pipeline.schedules.generators import FIXED_VIRTUAL, GENERATORS, SCHEDULES, VIRTUAL
-from jaxpar.parallel.pipeline.schedules.messages import Message, Recv, Send, lower, message
+from jaxpar.parallel.pipeline.schedules.messages import Message, Recv, Send, lower, message, sent_early
 from jaxpar.parallel.pipeline.schedules.timing import (bubble_fraction, bubble_theory, check,
                                                         gems_bubble_theory, op, peak_in_flight,
                                                         rows, simulate, table, timed_bubble,
@@ -39,5 +39,5 @@ def build(name: str, devices: int, microbatches: int, virtual: int = 0) -> Sched
 
 __all__ = ["BACKWARD", "FIXED_VIRTUAL", "FORWARD", "GENERATORS", "SCHEDULES", "VIRTUAL", "virtual_stages", "Action", "Message", "Recv", "Schedule",
            "ScheduleError", "Send", "build", "bubble_fraction", "bubble_theory", "check", "consumer",
-           "gems_bubble_theory", "lower", "message", "needs", "op", "peak_in_flight", "rows",
+           "gems_bubble_theory", "lower", "message", "needs", "op", "peak_in_flight", "rows", "sent_early",
            "simulate", "table", "timed_bubble", "timed_idle"]

@@ -29,6 +29,7 @@ program and refuses one that waits forever or mixes a pair's order.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple, Union
 
 from jaxpar.parallel.pipeline.schedules.actions import (BACKWARD, FORWARD, Action, Schedule,
@@ -138,6 +139,23 @@ def _lowered(schedule: Schedule, sends_first: bool, early_last_gradients: bool) 
                 mine.sort(key=lambda x: -x[1])  # stable: sends, then receives, each in order
             out[d] += [op for *_, op in mine]
     return tuple(tuple(ops) for ops in out)
+
+
+def sent_early(schedule: Schedule) -> Schedule:
+    """`schedule` as `lower(early_last_gradients=True)` runs it: where the last stage's
+    gradients leave from its forward slots, its backward (input gradient) listed right after
+    its forward; the schedule to replay (`timing.replay`) for such a runtime. Itself where
+    they cannot leave early."""
+    if not _early_gradients_keep_order(schedule):
+        return schedule
+    last = schedule.stages - 1
+    handed = lambda a: a.stage == last and a.kind in (BACKWARD, "I")  # noqa: E731
+    lists = []
+    for lst in schedule.lists:
+        moved = {(a.microbatch, a.replica): a for a in lst if handed(a)}
+        lists.append(tuple(x for a in lst if not handed(a) for x in
+                           ((a, moved[a.microbatch, a.replica]) if a.stage == last and a.kind == FORWARD else (a,))))
+    return dataclasses.replace(schedule, lists=tuple(lists))
 
 
 def _early_gradients_keep_order(schedule: Schedule) -> bool:

@@ -57,10 +57,11 @@ def check(schedule: Schedule) -> Schedule:
     return schedule
 
 
-def simulate(schedule: Schedule, duration: Callable[[Action], float] = lambda a: 1.0
-             ) -> dict[Action, tuple[float, float]]:
-    """(start, end) of every action, each device running its list in order (ScheduleError
-    when some device's next action waits on one that never ends: a deadlock)."""
+def simulate(schedule: Schedule, duration: Callable[[Action], float] = lambda a: 1.0,
+             latency: float = 0.0) -> dict[Action, tuple[float, float]]:
+    """(start, end) of every action, each device running its list in order, what another
+    device computed arriving `latency` after it ended (ScheduleError when some device's
+    next action waits on one that never ends: a deadlock)."""
     times: dict[Action, tuple[float, float]] = {}
     position = [0] * schedule.devices
     free = [0.0] * schedule.devices
@@ -73,7 +74,8 @@ def simulate(schedule: Schedule, duration: Callable[[Action], float] = lambda a:
                 before = needs(a, schedule)
                 if any(b not in times for b in before):
                     break
-                start = max([free[d]] + [times[b][1] for b in before])
+                start = max([free[d]] + [times[b][1] + (latency if schedule.device_of(b.stage, b.replica) != d
+                                                        else 0.0) for b in before])
                 times[a] = (start, start + duration(a))
                 free[d] = times[a][1]
                 position[d] += 1
@@ -144,36 +146,38 @@ def peak_in_flight(table_rows: list[list]) -> list[int]:
 UNIT_TIMES = {FORWARD: 1.0, BACKWARD: 2.0, INPUT: 1.0, WEIGHT: 1.0}
 
 
-def timed_bubble(schedule: Schedule, seconds: dict | None = None) -> float:
+def timed_bubble(schedule: Schedule, seconds: dict | None = None, latency: float = 0.0) -> float:
     """The share of devices x the step's span that devices idle when each action takes
-    `seconds[kind]` (or `seconds[kind, stage]`; default UNIT_TIMES): the schedule's bubble
-    from its own lists, for measured forward, backward, input- and weight-gradient times."""
-    span, busy = replay(schedule, seconds)
+    `seconds[kind]` (or `seconds[kind, stage]`; default UNIT_TIMES) and a message `latency`:
+    the schedule's bubble from its own lists, for measured forward, backward, input- and
+    weight-gradient times."""
+    span, busy = replay(schedule, seconds, latency)
     return 1.0 - busy / (schedule.devices * span)
 
 
-def timed_idle(schedule: Schedule, seconds: dict) -> float:
-    """What a device idles on average over a step replayed with measured `seconds` (as
-    `timed_bubble` takes them), in their unit: the bubble as a time, beside a measured one."""
-    span, busy = replay(schedule, seconds)
+def timed_idle(schedule: Schedule, seconds: dict, latency: float = 0.0) -> float:
+    """What a device idles on average over a step replayed with measured `seconds` and
+    `latency` (as `timed_bubble` takes them), in their unit: the bubble as a time, beside a
+    measured one."""
+    span, busy = replay(schedule, seconds, latency)
     return span - busy / schedule.devices
 
 
-def replay(schedule: Schedule, seconds: dict | None = None) -> tuple[float, float]:
+def replay(schedule: Schedule, seconds: dict | None = None, latency: float = 0.0) -> tuple[float, float]:
     """(the step's span, every device's busy time summed) when each action takes its
-    `seconds` (as `timed_bubble` takes them)."""
+    `seconds` and a message `latency` (as `timed_bubble` takes them)."""
     seconds = seconds or UNIT_TIMES
 
     def took(a) -> float:
-        """Its time: by (kind, stage), else by kind; a whole backward measured only in halves
-        (a stage that split it), their sum."""
-        for key in ((a.kind, a.stage), a.kind):
+        """Its time: by the action itself, else by (kind, stage), else by kind; a whole
+        backward measured only in halves (a stage that split it), their sum."""
+        for key in (a, (a.kind, a.stage), a.kind):
             if key in seconds:
                 return seconds[key]
         if a.kind == BACKWARD:
             return took(a._replace(kind=INPUT)) + took(a._replace(kind=WEIGHT))
         return 0.0  # never measured on its own (run inside another program)
-    times = simulate(schedule, took)
+    times = simulate(schedule, took, latency)
     span = max(e for _, e in times.values()) - min(s for s, _ in times.values())
     return span, sum(e - s for s, e in times.values())
 
