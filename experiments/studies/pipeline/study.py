@@ -20,9 +20,9 @@ Beside them, every schedule across --ranks MPI ranks (default 2) of one device a
 each, `pipeline` over jax.distributed (each rank's step one program), stack-mlp, M in
 --rank-microbatches, --rank-rounds rounds rotated: a schedule's gain is the median of its
 rounds' step ratios to 1F1B's (rows under metrics["ranks"], points under OUT/ranks/). Its
-bubble as a time: what each rank's program spends blocked in receives and flushes (bench's
-`p2p_waited_ms`) against its table replayed with each action's time, measured alone on as
-many simulated devices of one thread (OUT/ranks/theory/).
+bubble as a time: each timed step stamped inside the ranks' programs (`bench --timeline`),
+what a rank idles within the step's span of actions, against the step's table replayed with
+the same step's action times and the measured message latency.
 
 Writes OUT/pipeline.json (RunResult, kind 'pipeline') and one bench result per measured point
 and round under OUT/points/<schedule>-M<m>/r<k>/ (the reference: OUT/points/single/r<k>/); a
@@ -194,25 +194,18 @@ def single_point(config: PipelineConfig) -> Point:
 
 
 def timeline_point(config: PipelineConfig, schedule: str, m: int) -> Point:
-    """One stamped step of `schedule` at M = m with one program per stage (`bench --timeline`),
-    each simulated device on one thread of its own (as a rank with a core: sharing threads,
-    another device's work would fill a bubble)."""
-    S = config.timeline_stages
-    return _walked_point(config, schedule, m, config.timeline_model, S, config.timeline_batch_size,
-                         f"timelines/{schedule}-S{S}-M{m}")
-
-
-def _walked_point(config: PipelineConfig, schedule: str, m: int, model: str, stages: int, batch: int,
-                  folder: str) -> Point:
-    """`schedule` at M = m on `stages` simulated devices of one thread each, one program per
-    stage, under `bench --timeline`: a stamped step, and each action's programs timed alone."""
+    """One stamped step of `schedule` at M = m with one program per stage (`bench --timeline`:
+    a stamped step, and each action's programs timed alone), each simulated device on one
+    thread of its own (as a rank with a core: sharing threads, another device's work would
+    fill a bubble)."""
+    S, model = config.timeline_stages, config.timeline_model
     by_schedule = {"strategy": GEMS} if schedule == GEMS else {"strategy": "pipeline", "schedule": schedule}
     small = {"width": config.width, "depth": config.depth} if model == MODEL else {}
-    train = with_options(TrainConfig(), dataset="synthetic", model=model, devices=stages,
-                         mesh=format_mesh({STAGE: stages}), microbatches=m, pipeline_impl="mpmd",
-                         single_thread=True, batch_size=batch, **small, **by_schedule)
+    train = with_options(TrainConfig(), dataset="synthetic", model=model, devices=S,
+                         mesh=format_mesh({STAGE: S}), microbatches=m, pipeline_impl="mpmd",
+                         single_thread=True, batch_size=config.timeline_batch_size, **small, **by_schedule)
     bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False, timeline=True)
-    return Point(folder, train, bench)
+    return Point(f"timelines/{schedule}-S{S}-M{m}", train, bench)
 
 
 def point_on_ranks(config: PipelineConfig, schedule: str, m: int) -> Point:
@@ -223,51 +216,38 @@ def point_on_ranks(config: PipelineConfig, schedule: str, m: int) -> Point:
                          depth=config.depth, strategy="pipeline", schedule=schedule, devices=1,
                          mesh=format_mesh({STAGE: R}), microbatches=m, single_thread=True,
                          batch_size=config.rank_batch_size)
-    bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False)
+    # --timeline: each timed step stamped inside the ranks' programs (its bubble, lived and replayed)
+    bench = BenchOptions(iters=config.iters, warmup=config.warmup, matmul_peak=False, timeline=True)
     return Point(f"ranks/{schedule}-R{R}-M{m}", train, bench, ranks=R)
 
 
-def theory_point(config: PipelineConfig, schedule: str, m: int) -> Point:
-    """What each action of a rank point costs on its own: the same model, batch, schedule and
-    M on `config.ranks` simulated devices of one thread each, its programs timed one at a time
-    (`bench --timeline`: `host.serial`), for the rank point's table replayed with them."""
-    R = config.ranks
-    return _walked_point(config, schedule, m, MODEL, R, config.rank_batch_size,
-                         f"ranks/theory/{schedule}-R{R}-M{m}")
-
-
-def action_seconds(timeline: dict) -> dict:
-    """{(kind, stage): seconds} from a timeline's `action_ms` ({"F0": ms, "W1": ms, ...})."""
-    return {(key[0], int(key[1:])): ms / 1000 for key, ms in timeline["action_ms"].items()}
-
-
-def rows_on_ranks(config: PipelineConfig, planned: dict, by_folder: dict, theory: dict) -> list[dict]:
+def rows_on_ranks(config: PipelineConfig, planned: dict, by_folder: dict) -> list[dict]:
     """Per (schedule, M) across ranks: the median round's step, every round's, and the median
     over rounds of the step's ratio to 1F1B's in the same round (rounds a few minutes apart
     drift together: the ratio within one is the gain); the table's bubble with a backward
-    twice a forward; and the bubble as a time a device idles a step: measured (each rank's
-    time blocked in receives and flushes, `p2p_waited_ms`, the ranks' mean, the median
-    round's) against the table replayed with each action's time measured alone (`theory`:
-    (schedule, M) -> that point's result)."""
+    twice a forward; and the bubble as a time a device idles a step, the median over rounds:
+    as the stamped steps lived it (within the span of their actions) against each step's
+    table replayed with its own action times and the measured message latency (bench's
+    `timeline`), and each rank's time blocked in receives and flushes (`p2p_waited_ms`, the
+    median round's: waits across steps too, for the other ranks' updates)."""
     rows = []
     for (name, m), point in planned.items():
-        rounds = [r.metrics["step_time_ms_median"] for r in by_folder[point.folder]]
+        measured = by_folder[point.folder]
+        rounds = [r.metrics["step_time_ms_median"] for r in measured]
         ones = [r.metrics["step_time_ms_median"] for r in by_folder[planned["1f1b", m].folder]]
-        median = points.median_round(by_folder[point.folder]).metrics
-        schedule = schedules.build(name, config.ranks, m)
-        timeline = theory[name, m].metrics["timeline"] if (name, m) in theory else None
+        median = points.median_round(measured).metrics
+        timelines = [r.metrics["timeline"] for r in measured if r.metrics.get("timeline", {}).get("idle_ms") is not None]
+        over_rounds = lambda key: float(statistics.median(t[key] for t in timelines)) if timelines else None  # noqa: E731
         rows.append({"schedule": name, "M": m, "ranks": config.ranks,
                      "step_ms": median["step_time_ms_median"],
                      "step_ms_rounds": rounds,
                      "to_1f1b": float(statistics.median(a / b for a, b in zip(rounds, ones))),
-                     "bubble": schedules.timed_bubble(schedule),
-                     "idle_ms": statistics.mean(median["p2p_waited_ms"]) if "p2p_waited_ms" in median else None,
-                     "idle_ms_by_rank": median.get("p2p_waited_ms"),
-                     "idle_ms_replayed": (1000 * schedules.timed_idle(schedule, action_seconds(timeline))
-                                          if timeline else None),
-                     "bubble_replayed": timeline["bubble_timed"] if timeline else None,
-                     "action_ms": timeline["action_ms"] if timeline else None,
-                     "point": point.folder, "theory_point": theory_point(config, name, m).folder})
+                     "bubble": schedules.timed_bubble(schedules.build(name, config.ranks, m)),
+                     "idle_ms": over_rounds("idle_ms"), "idle_ms_replayed": over_rounds("idle_ms_timed"),
+                     "bubble_replayed": over_rounds("bubble_timed"), "latency_ms": over_rounds("latency_ms"),
+                     "waited_ms_by_rank": median.get("p2p_waited_ms"),
+                     "action_ms": median.get("timeline", {}).get("action_ms"),
+                     "point": point.folder})
     return rows
 
 
@@ -310,8 +290,6 @@ def run(config: PipelineConfig) -> list[Path]:
                 for m in counts_for(s, config.ranks, list(config.rank_microbatches))}
     on_ranks_by_folder = points.run_rounds(list(on_ranks.values()), config.rank_rounds, config.out,
                                            config.timeout) if on_ranks else {}
-    theories = {key: theory_point(config, *key) for key in on_ranks}
-    theory = dict(zip(theories, points.run_points(list(theories.values()), config.out, config.timeout)))
     outcomes = {key: by_folder[p.folder] for key, p in planned.items()}
     single = {"images_per_sec": None, "step_ms": None}  # --no-measure: no reference either
     for p in reference:
@@ -319,7 +297,7 @@ def run(config: PipelineConfig) -> list[Path]:
     stamped = points.run_points(list(timed.values()), config.out, config.timeout)  # one stamped step each
     timelines = {s: timeline_of(r, timed[s].folder) for s, r in zip(timed, stamped)}
     rows, tables = schedule_rows(config.stages, counts)
-    result_ranks = rows_on_ranks(config, on_ranks, on_ranks_by_folder, theory)
+    result_ranks = rows_on_ranks(config, on_ranks, on_ranks_by_folder)
     point_env = None
     for r in rows:
         r.update(images_per_sec=None, step_ms=None, temp_bytes=None, activation_bytes=None)
@@ -334,7 +312,7 @@ def run(config: PipelineConfig) -> list[Path]:
     for r in result_ranks:
         print(f"{r['schedule']:16s} on {r['ranks']} ranks M={r['M']}: {r['step_ms']:7.1f} ms, "
               f"{r['to_1f1b']:.3f} of 1F1B's step (median of {len(r['step_ms_rounds'])} rounds); a rank "
-              f"idles {r['idle_ms']:.1f} ms a step, its table replayed {r['idle_ms_replayed']:.1f} ms", flush=True)
+              f"idles {r['idle_ms']:.2f} ms a step, its table replayed {r['idle_ms_replayed']:.2f} ms", flush=True)
     if single["images_per_sec"]:
         print(f"single on 1 device, batch {config.batch_size}: {single['images_per_sec']:,.0f} img/s "
               f"{single['step_ms']:.1f} ms", flush=True)

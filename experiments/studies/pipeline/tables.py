@@ -144,9 +144,10 @@ def pipeline_ranks_table(data_dir: Path) -> str:
                                         f"M={m} idle ms: measured / table replayed")]
     return (f"`pipeline` across {rows[0]['ranks']} MPI ranks of one device and one thread each (stack-mlp, "
             f"a stage per rank, its step one program per process); {rounds} rounds, the order rotated each; "
-            f"a step's ratio to 1F1B's is the median over rounds of the ratio within a round; a rank's idle "
-            f"time a step, the ranks' mean in the median round, against the table replayed with each "
-            f"action's time measured alone.\n\n"
+            f"a step's ratio to 1F1B's is the median over rounds of the ratio within a round; the idle time "
+            f"a device a step within the span of the step's actions, as the ranks' programs stamped it, "
+            f"against the step's table replayed with the same step's action times and the measured "
+            f"message latency (medians over steps, then over rounds).\n\n"
             + markdown(["schedule", *head], out) + "\n\n" + _rank_gains(rows, counts))
 
 
@@ -161,7 +162,7 @@ def _rank_gains(rows: list[dict], counts: list[int]) -> str:
     timed = [r for r in rows if r.get("idle_ms") is not None and r.get("idle_ms_replayed")]
     if timed:
         near = [r for r in timed if abs(r["idle_ms"] / r["idle_ms_replayed"] - 1) <= 0.25]
-        lines.append(f"A rank's measured idle time within 25% of its replayed table's in {len(near)} of "
+        lines.append(f"The idle time stamped within 25% of the replayed table's in {len(near)} of "
                      f"{len(timed)} (schedule, M): " + ", ".join(
                          f"{r['schedule']} M={r['M']} {r['idle_ms'] / r['idle_ms_replayed']:.2f}x" for r in timed)
                      + ".")
