@@ -1,6 +1,7 @@
 """The pipeline study's figures, drawn from its pipeline.json alone: the bubble, throughput,
 micro-batches in flight and memory against M (pipeline_bubble.png), the schedule tables as a
-picture (pipeline_schedule.png), and the measured timelines beside them (pipeline_timeline.png).
+picture (pipeline_schedule.png), the measured timelines beside them (pipeline_timeline.png),
+and the steps across ranks as their programs stamped them (pipeline_rank_timeline.png).
 
     python -m experiments figures --data figures/data --out figures
 """
@@ -156,13 +157,28 @@ def pipeline_timeline(result: dict, out: Path) -> Path | None:
     """The measured timelines beside the tables: devices as rows, one box per stage program
     from when the device began it to when it finished (stamped on the device), labelled with
     its micro-batch; the measured idle fraction beside the schedule's bubble."""
-    timelines = result["metrics"].get("timelines")
-    if not timelines:  # --no-measure
+    return _timelines(result["metrics"].get("timelines"), out / "pipeline_timeline.png",
+                      "ms from the step's first stage program (one stamped step; numbers: micro-batch; "
+                      "hatched: GEMS replica 1)")
+
+
+def pipeline_rank_timeline(result: dict, out: Path) -> Path | None:
+    """The steps across ranks as their programs stamped them (the median round's middle
+    timed step of each schedule at the fewest micro-batches): ranks as rows, a box per action;
+    the idle time lived beside the step's table replayed with its own times."""
+    return _timelines(result["metrics"].get("rank_timelines"), out / "pipeline_rank_timeline.png",
+                      "ms from the step's first action (a timed step, stamped inside the ranks' programs; "
+                      "numbers: micro-batch)")
+
+
+def _timelines(timelines: dict | None, path: Path, xlabel: str) -> Path | None:
+    if not timelines:  # --no-measure, or no ranks
         return None
     plt = pyplot()
     fig, axes = plt.subplots(len(timelines), 1, figsize=(12, 1.6 + 1.3 * len(timelines)), squeeze=False)
+    drawn = {name: _drawn(tl["events"]) for name, tl in timelines.items()}
     for ax, (name, tl) in zip(axes[:, 0], timelines.items()):
-        work = [e for e in tl["events"] if e["kind"] in KIND_COLORS]
+        work = drawn[name]
         begin = min(e["start_ms"] for e in work)
         devices = sorted({e["device"] for e in work})
         for e in work:
@@ -176,19 +192,35 @@ def pipeline_timeline(result: dict, out: Path) -> Path | None:
         ax.set_ylim(len(devices), 0)
         ax.set_yticks([d + 0.5 for d in devices], [f"device {d}" for d in devices])
         ax.set_title(f"{name}, {tl['model']}, {len(devices)} devices: {_bubbles(tl)}", fontsize=9)
-    shown = [k for k in KIND_COLORS if any(e["kind"] == k for tl in timelines.values() for e in tl["events"])]
+    shown = [k for k in KIND_COLORS if any(e["kind"] == k for work in drawn.values() for e in work)]
     handles = [plt.Rectangle((0, 0), 1, 1, fc=KIND_COLORS[k], ec="k") for k in shown]
     labels = [KIND_LABELS[k] for k in shown]
-    axes[-1, 0].set_xlabel("ms from the step's first stage program (one stamped step; "
-                           "numbers: micro-batch; hatched: GEMS replica 1)")
+    axes[-1, 0].set_xlabel(xlabel)
     fig.tight_layout()
     legend_below(fig, handles, labels)
-    return save(fig, out / "pipeline_timeline.png")
+    return save(fig, path)
+
+
+def _drawn(events: list[dict]) -> list[dict]:
+    """The boxes to draw: the stage programs; from programs stamped inside a rank's step
+    (kinds by action), the last stage's forward as what it runs (its loss and its backward
+    or input gradient too) and its empty backward slots left out."""
+    work = [e for e in events if e["kind"] in KIND_COLORS]
+    if any(e["kind"] in ("F+B", "F+I") for e in work) or not work:
+        return work  # the walk's programs, named by what they run
+    last = max(e["stage"] for e in work)
+    fused = "F+I" if any(e["kind"] == "I" for e in work) else "F+B"
+    return [{**e, "kind": fused} if e["stage"] == last and e["kind"] == "F" else e for e in work
+            if not (e["stage"] == last and e["kind"] in ("B", "I"))]
 
 
 def _bubbles(tl: dict) -> str:
-    """The title's bubbles: the walked step's beside its table's with the same action times
-    (older files: the stamped idle share beside the schedule's)."""
+    """The title's bubbles: the stamped rank step's lived beside its table's replayed, the
+    walked step's beside its table's with the same action times (older files: the stamped
+    idle share beside the schedule's)."""
+    if tl.get("stamped"):
+        return (f"the step {tl['step_ms']:.1f} ms idles {tl['idle_ms']:.1f} ms a device; its table with "
+                f"the step's own action times and latency {tl['idle_ms_timed']:.1f} ms")
     if tl.get("walk_ms") is not None:
         return (f"walked, idles {tl['bubble_measured']:.0%} of devices x walk; its table with the same "
                 f"action times {tl['bubble_timed']:.0%} (unit times {tl['bubble_fraction']:.0%})")
@@ -198,4 +230,5 @@ def _bubbles(tl: dict) -> str:
 
 FIGURES = (("pipeline", (("pipeline_bubble.png", pipeline_bubble),
                          ("pipeline_schedule.png", pipeline_schedule),
-                         ("pipeline_timeline.png", pipeline_timeline))),)
+                         ("pipeline_timeline.png", pipeline_timeline),
+                         ("pipeline_rank_timeline.png", pipeline_rank_timeline))),)

@@ -298,6 +298,9 @@ def run(config: PipelineConfig) -> list[Path]:
     timelines = {s: timeline_of(r, timed[s].folder) for s, r in zip(timed, stamped)}
     rows, tables = schedule_rows(config.stages, counts)
     result_ranks = rows_on_ranks(config, on_ranks, on_ranks_by_folder)
+    # the median round's stamped step of each schedule at the fewest micro-batches, for the figure
+    rank_timelines = {f"{s}, M={m}": timeline_of(points.median_round(on_ranks_by_folder[p.folder]), p.folder)
+                      for (s, m), p in on_ranks.items() if m == min(config.rank_microbatches)}
     point_env = None
     for r in rows:
         r.update(images_per_sec=None, step_ms=None, temp_bytes=None, activation_bytes=None)
@@ -320,7 +323,7 @@ def run(config: PipelineConfig) -> list[Path]:
               "microbatch_counts": counts, "measured_microbatch_counts": measured}
     result = results.RunResult(kind="pipeline", config=record, env=results.environment(),
                                metrics={"stages": config.stages, "rows": rows, "tables": tables,
-                                        "point_env": point_env, "timelines": timelines,
+                                        "point_env": point_env, "timelines": timelines, "rank_timelines": rank_timelines,
                                         "ranks": result_ranks,
                                         "single": single})
     path = results.write_atomic(Path(config.out) / "pipeline.json", result.to_json() + "\n")

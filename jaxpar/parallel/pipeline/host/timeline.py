@@ -10,6 +10,15 @@ seeing the schedule, not for the step time (`bench` measures that without stamps
 
     events = timeline(lambda: walk(..., "timeline"), stamps)   # [{"device", "stage", "kind", "microbatch", "start_ms", "end_ms"}]
     idle_fraction(events, devices=S)
+
+A step that runs as one program per process (`column`, across processes) is stamped inside
+those programs instead, every timed step: a custom call (`p2p.stamp`) reads the host's
+monotonic clock as each action and receive begins and ends, a few microseconds each, no
+interpreter involved; `program_timeline` gathers every process's stamps and says what they
+show: the bubble each step lived beside its table replayed with the same step's times.
+
+    steps = program_steps(lowered, mine, p2p.take_stamps())   # per device: (steps, stamps) ns
+    program_timeline(schedule, lowered, mine, stamps, sent_early(schedule))   # a collective
 """
 
 from __future__ import annotations
