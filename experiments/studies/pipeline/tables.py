@@ -6,6 +6,8 @@ against micro-batches M per schedule, from its pipeline.json.
 
 from __future__ import annotations
 
+import statistics
+
 from pathlib import Path
 
 from experiments.publish import sources
@@ -166,6 +168,11 @@ def _rank_gains(rows: list[dict], counts: list[int]) -> str:
                      f"{len(timed)} (schedule, M): " + ", ".join(
                          f"{r['schedule']} M={r['M']} {r['idle_ms'] / r['idle_ms_replayed']:.2f}x" for r in timed)
                      + ".")
+    latencies = [r["latency_ms"] for r in rows if r.get("latency_ms") is not None]
+    if latencies:
+        lines.append(f"A message's latency, from its send to the end of a receive that waited for it: "
+                     f"{1000 * statistics.median(latencies):.0f} µs (the median of the rows' medians; "
+                     f"{1000 * min(latencies):.0f} to {1000 * max(latencies):.0f}).")
     return bullets(lines)
 
 
