@@ -69,8 +69,11 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
                                                           warmup, iters, wire)
     median_s = sorted(times)[len(times) // 2]
     peak = measure.matmul_peak(list(mesh.devices.flat))["gflops"] if matmul_peak else None
-    measured_timeline = ({} if not timeline else _walked_timeline(strategy, state, batch) if not in_program
-                         else {"timeline": {**strategy.program_timeline(stamps), **_bubbles(strategy)}})
+    measured_timeline = {}
+    if in_program:
+        measured_timeline = {"timeline": {**strategy.program_timeline(stamps), **_bubbles(strategy)}}
+    elif timeline:
+        measured_timeline = _walked_timeline(strategy, state, batch)
     accounting = strategy.accounting(programs, state)
     achieved = programs.flops / median_s / 1e9
     metrics = {
@@ -119,9 +122,10 @@ WIRE_COUNTERS = ("tx_bytes", "tx_packets", "rx_bytes", "rx_packets")
 
 def _time_steps(strategy, state, batch, chained: bool, k: int, warmup: int, iters: int,
                 wire: str | None):
-    """Warm up, then time `iters` calls (each waited for): (the state after, each step's
-    seconds, {"wire": the interface's counter changes over the timed calls} or {}, and
-    "p2p_waited_ms", the stamps the timed calls' programs took)."""
+    """Warm up, then time `iters` calls (each waited for): the state after, each step's
+    seconds, what else the timed calls measured ({"wire": the interface's counter changes}
+    where asked, "p2p_waited_ms" where messaged) and the stamps their programs took
+    (`p2p.take_stamps`)."""
     holder = {"state": state}
     waited = []  # p2p.waited() as each timed call starts (the one before it was waited for)
 

@@ -159,7 +159,7 @@ def program_events(ops, device: int, times_ms, begin_ms: float) -> list[dict]:
 
 def program_timeline(schedule: Schedule, lowered, mine, stamps: np.ndarray, replayed: Schedule) -> dict:
     """The timed steps as their programs stamped them, every process's devices (a collective;
-    `stamped_steps` reads them), beside the table replayed as the runtime lists it
+    `stamped_summary` reads them), beside the table replayed as the runtime lists it
     (`replayed`: `messages.sent_early`)."""
     steps = program_steps(lowered, mine, stamps)
     count = int(addresses.every_process(np.int32(min(len(t) for t in steps.values()))).min())
@@ -187,11 +187,32 @@ def stamped_summary(schedule: Schedule, lowered, ms: np.ndarray, one_clock: bool
     share `bubble_timed`): each step's table replayed with that step's own action times and
     the latency, the median over steps. Mean times would not do: with next to no bubble in
     its table (ZBV), a step idles mostly where its actions' times vary, which their means hide."""
-    took: dict[Action, np.ndarray] = {}  # per action, its time in each step (ms)
-    sent, received, waits = {}, {}, []
+    took, sent, received, waits = _read(schedule, lowered, ms)
+    by_kind: dict[tuple, list] = {}
+    for a, times in took.items():
+        by_kind.setdefault((a.kind, a.stage), []).extend(times)
+    latency_s = _latency_ms(sent, received) / 1000 if one_clock else 0.0
+    timed = [timing.replay(replayed, {a: float(t[k]) / 1000 for a, t in took.items()}, latency_s)
+             for k in range(len(ms))]
+    S, middle = schedule.devices, len(ms) // 2
+    return {"stamped": "in the step's programs", "one_clock": one_clock, "steps": len(ms),
+            "events": ([e for d, ops in enumerate(lowered)
+                        for e in program_events(ops, d, ms[middle, d], float(np.nanmin(ms[middle])))]
+                       if one_clock else None),
+            "action_ms": {f"{kind}{stage}": float(np.mean(v)) for (kind, stage), v in sorted(by_kind.items())},
+            "receive_ms": waits, "latency_ms": 1000 * latency_s if one_clock else None,
+            "idle_ms": _lived_idle_ms(lowered, ms, took, S) if one_clock else None,
+            "idle_ms_timed": 1000 * float(np.median([span - busy / S for span, busy in timed])),
+            "bubble_timed": float(np.median([1 - busy / (S * span) for span, busy in timed]))}
+
+
+def _read(schedule: Schedule, lowered, ms: np.ndarray):
+    """From the stamps (ms, per step): each action's time, each message's send (where it
+    follows the action that computed it) and its receive's start and end, and each device's
+    median wait in receives a step."""
+    took, sent, received, waits = {}, {}, {}, []
     for d, ops in enumerate(lowered):
         stamped_ops = [op for op in ops if not isinstance(op, Send)]
-        # per step and stamped op: when it began and ended (ms)
         starts, ends = ms[:, d, 0:2 * len(stamped_ops):2], ms[:, d, 1:2 * len(stamped_ops):2]
         j, previous = -1, None
         for op in ops:
@@ -208,33 +229,25 @@ def stamped_summary(schedule: Schedule, lowered, ms: np.ndarray, one_clock: bool
                 received[op.message] = (starts[:, j], ends[:, j])
         receives = [j for j, op in enumerate(stamped_ops) if isinstance(op, Recv)]
         waits.append(float(np.median((ends[:, receives] - starts[:, receives]).sum(axis=1))))
-    by_kind: dict[tuple, list] = {}
-    for a, times in took.items():
-        by_kind.setdefault((a.kind, a.stage), []).extend(times)
-    late = []  # a message's time from its send to its receive's end, where the receive waited for it
-    for m, (started, ended) in received.items():
-        if m in sent:
-            late += [end - at for start, end, at in zip(started, ended, sent[m]) if start < at]
-    latency_s = float(np.median(late)) / 1000 if late and one_clock else 0.0
-    steps = range(len(ms))
-    timed = [timing.replay(replayed, {a: float(t[k]) / 1000 for a, t in took.items()}, latency_s) for k in steps]
-    middle, lived = len(ms) // 2, None
-    if one_clock:
-        acts = {d: [2 * j for j, op in enumerate(o for o in ops if not isinstance(o, Send)) if isinstance(op, Action)]
-                for d, ops in enumerate(lowered)}
-        first = np.min([ms[:, d, acts[d]].min(axis=1) for d in acts], axis=0)
-        last = np.max([ms[:, d, [j + 1 for j in acts[d]]].max(axis=1) for d in acts], axis=0)
-        busy = sum(took.values()) / schedule.devices
-        lived = float(np.median(last - first - busy))
-    return {"stamped": "in the step's programs", "one_clock": one_clock, "steps": len(ms),
-            "events": ([e for d, ops in enumerate(lowered)
-                        for e in program_events(ops, d, ms[middle, d], float(np.nanmin(ms[middle])))]
-                       if one_clock else None),
-            "action_ms": {f"{kind}{stage}": float(np.mean(v)) for (kind, stage), v in sorted(by_kind.items())},
-            "receive_ms": waits, "latency_ms": 1000 * latency_s if one_clock else None,
-            "idle_ms": lived,
-            "idle_ms_timed": 1000 * float(np.median([span - busy / schedule.devices for span, busy in timed])),
-            "bubble_timed": float(np.median([1 - busy / (schedule.devices * span) for span, busy in timed]))}
+    return took, sent, received, waits
+
+
+def _latency_ms(sent: dict, received: dict) -> float:
+    """The median time from a message's send to the end of a receive that began before it
+    (that waited for it); 0 where none did."""
+    late = [end - at for m, (started, ended) in received.items() if m in sent
+            for start, end, at in zip(started, ended, sent[m]) if start < at]
+    return float(np.median(late)) if late else 0.0
+
+
+def _lived_idle_ms(lowered, ms: np.ndarray, took: dict, devices: int) -> float:
+    """The median over steps of a step's span of actions (its first's start on any device to
+    its last's end) less a device's mean time in actions."""
+    starts = {d: [2 * j for j, op in enumerate(o for o in ops if not isinstance(o, Send)) if isinstance(op, Action)]
+              for d, ops in enumerate(lowered)}
+    first = np.min([ms[:, d, cols].min(axis=1) for d, cols in starts.items()], axis=0)
+    last = np.max([ms[:, d, [c + 1 for c in cols]].max(axis=1) for d, cols in starts.items()], axis=0)
+    return float(np.median(last - first - sum(took.values()) / devices))
 
 
 def _computed_by(message, schedule: Schedule) -> Action:
