@@ -59,21 +59,15 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
     tx = make_optimizer(config.optim, total_steps=(warmup + iters) * k + 1)
     state = strategy.init(build_model(config), tx, mesh)
     batch = strategy.place_batch(host_batch)
-    # a step that runs as one program per process stamps itself: its timed steps are the timeline
-    in_program = timeline and strategy.stamp_programs()
+    in_program = timeline and strategy.stamp_programs()  # one program a process: its timed steps stamped
     programs = strategy.compile("step", state, batch)  # also for K > 1: FLOPs of one step
     chained = strategy.compile("steps", state, (batch,) * k) if k > 1 else None
 
     with watchdog.armed(config.parallel.strategy):  # every timed wait bounded in a multi-process run
-        state, times, measured_wire, stamps = _time_steps(strategy, state, batch, chained is not None, k,
-                                                          warmup, iters, wire)
+        state, times, measured, stamps = _time_steps(strategy, state, batch, k > 1, k, warmup, iters, wire)
     median_s = sorted(times)[len(times) // 2]
     peak = measure.matmul_peak(list(mesh.devices.flat))["gflops"] if matmul_peak else None
-    measured_timeline = {}
-    if in_program:
-        measured_timeline = {"timeline": {**strategy.program_timeline(stamps), **_bubbles(strategy)}}
-    elif timeline:
-        measured_timeline = _walked_timeline(strategy, state, batch)
+    measured_timeline = _timeline(strategy, state, batch, stamps if in_program else None) if timeline else {}
     accounting = strategy.accounting(programs, state)
     achieved = programs.flops / median_s / 1e9
     metrics = {
@@ -92,7 +86,7 @@ def benchmark(config: TrainConfig, iters: int = 20, warmup: int = 3,
         "iters": iters,
         "watchdog": watchdog.usage(),  # its thread's CPU seconds (None: no watchdog ran)
         **measured_timeline,
-        **measured_wire,
+        **measured,
         "wall_s": time.perf_counter() - wall_start,
     }
     return RunResult(kind="bench", config=to_dict(config), env=environment(config, strategy),
@@ -175,6 +169,14 @@ def wire_counters(interface: str) -> dict[str, int]:
         raise ConfigError(f"--wire {interface}: no such network interface here ({folder} is "
                           "missing); name one of `ip link`'s, e.g. eth0")
     return {name: int((folder / name).read_text()) for name in WIRE_COUNTERS}
+
+
+def _timeline(strategy, state, batch, stamps) -> dict:
+    """The timeline asked for: the timed steps as their programs stamped them (`stamps`, where
+    the step stamps itself), else one walk stamped after them."""
+    if stamps is not None:
+        return {"timeline": {**strategy.program_timeline(stamps), **_bubbles(strategy)}}
+    return _walked_timeline(strategy, state, batch)
 
 
 def _bubbles(strategy) -> dict:

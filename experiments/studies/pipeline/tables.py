@@ -149,7 +149,7 @@ def pipeline_ranks_table(data_dir: Path) -> str:
             f"a step's ratio to 1F1B's is the median over rounds of the ratio within a round; the idle time "
             f"a device a step within the span of the step's actions, as the ranks' programs stamped it, "
             f"against the step's table replayed with the same step's action times and the measured "
-            f"message latency (medians over steps, then over rounds).\n\n"
+            f"mean message latency (medians over steps, then over rounds).\n\n"
             + markdown(["schedule", *head], out) + "\n\n" + _rank_gains(rows, counts))
 
 
@@ -170,8 +170,8 @@ def _rank_gains(rows: list[dict], counts: list[int]) -> str:
                      + ".")
     latencies = [r["latency_ms"] for r in rows if r.get("latency_ms") is not None]
     if latencies:
-        lines.append(f"A message's latency, from its send to the end of a receive that waited for it: "
-                     f"{1000 * statistics.median(latencies):.0f} µs (the median of the rows' medians; "
+        lines.append(f"A message's mean latency, from its send to the end of a receive that waited for it: "
+                     f"{1000 * statistics.median(latencies):.0f} µs (the median over the rows; "
                      f"{1000 * min(latencies):.0f} to {1000 * max(latencies):.0f}).")
     return bullets(lines)
 
