@@ -180,14 +180,14 @@ def stamped_summary(schedule: Schedule, lowered, ms: np.ndarray, one_clock: bool
     """What the stamped steps say (`ms[step, device, j]`: the clock at `stamp_marks(lowered[d])[j]`):
     each action's mean time (`action_ms`, by kind and stage) and each device's median wait for
     messages a step (`receive_ms`); on one clock also the middle step's events, a message's
-    latency (`latency_ms`: the mean time from its send to its receive's end, over receives
-    that began before it was sent) and the bubble as the steps lived it (`idle_ms`: a step's
+    latency (`latency_ms`: the mean time from an activation's send to its receive's end, over
+    receives that began before it was sent; gradients cross the same links) and the bubble as the steps lived it (`idle_ms`: a step's
     span from its first action's start on any device to its last's end, less a device's mean
     time in actions; the median over steps). Beside it the table's (`idle_ms_timed`, and as a
     share `bubble_timed`): each step's table replayed with that step's own action times and
     the latency, the median over steps. Mean times would not do: with next to no bubble in
     its table (ZBV), a step idles mostly where its actions' times vary, which their means hide."""
-    took, sent, received, waits = _read(schedule, lowered, ms)
+    took, sent, received, waits = _read(lowered, ms)
     by_kind: dict[tuple, list] = {}
     for a, times in took.items():
         by_kind.setdefault((a.kind, a.stage), []).extend(times)
@@ -206,10 +206,9 @@ def stamped_summary(schedule: Schedule, lowered, ms: np.ndarray, one_clock: bool
             "bubble_timed": float(np.median([1 - busy / (S * span) for span, busy in timed]))}
 
 
-def _read(schedule: Schedule, lowered, ms: np.ndarray):
-    """From the stamps (ms, per step): each action's time, each message's send (where it
-    follows the action that computed it) and its receive's start and end, and each device's
-    median wait in receives a step."""
+def _read(lowered, ms: np.ndarray):
+    """From the stamps (ms, per step): each action's time, each activation's send and each
+    message's receive (start and end), and each device's median wait in receives a step."""
     took, sent, received, waits = {}, {}, {}, []
     for d, ops in enumerate(lowered):
         stamped_ops = [op for op in ops if not isinstance(op, Send)]
@@ -217,9 +216,11 @@ def _read(schedule: Schedule, lowered, ms: np.ndarray):
         j, previous = -1, None
         for op in ops:
             if isinstance(op, Send):
-                # sent as the action that computed it ends, where it follows that action (a send
-                # waits only for the sends before it: one listed after other ops may leave earlier)
-                if previous == _computed_by(op.message, schedule):
+                # an activation leaves as the forward that computed it ends (it follows that
+                # forward); a gradient may leave before its action ends (which goes on to
+                # accumulate the weights' gradients), or, listed later, earlier still
+                if op.message.kind == FORWARD and previous == Action(FORWARD, op.message.microbatch,
+                                                                      op.message.sender, op.message.replica):
                     sent[op.message] = ends[:, j]
                 continue
             j, previous = j + 1, op
@@ -233,8 +234,8 @@ def _read(schedule: Schedule, lowered, ms: np.ndarray):
 
 
 def _latency_ms(sent: dict, received: dict) -> float:
-    """The mean time from a message's send to the end of a receive that began before it (that
-    waited for it); 0 where none did. The mean, not the median: each delay on the critical
+    """The mean time from a message's send (of those in `sent`) to the end of a receive that
+    began before it (that waited for it); 0 where none did. The mean, not the median: each delay on the critical
     path adds to the step, and a few are long (a rank woken late: ZBV's median was a quarter
     of its mean)."""
     late = [end - at for m, (started, ended) in received.items() if m in sent
@@ -251,11 +252,3 @@ def _lived_idle_ms(lowered, ms: np.ndarray, took: dict, devices: int) -> float:
     last = np.max([ms[:, d, [c + 1 for c in cols]].max(axis=1) for d, cols in starts.items()], axis=0)
     return float(np.median(last - first - sum(took.values()) / devices))
 
-
-def _computed_by(message, schedule: Schedule) -> Action:
-    """The action whose run computes `message`: a forward its activation, a backward (or input
-    gradient) its gradient; the last stage's, its forward (run with its loss and backward)."""
-    if message.kind == FORWARD or message.sender == schedule.stages - 1:
-        return Action(FORWARD, message.microbatch, message.sender, message.replica)
-    kind = schedule.backward_kind(message.microbatch, message.sender, message.replica)
-    return Action(kind, message.microbatch, message.sender, message.replica)
