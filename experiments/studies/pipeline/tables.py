@@ -170,7 +170,7 @@ def _rank_gains(rows: list[dict], counts: list[int]) -> str:
                      + ".")
     latencies = [r["latency_ms"] for r in rows if r.get("latency_ms") is not None]
     if latencies:
-        lines.append(f"A message's mean latency, from its send to the end of a receive that waited for it: "
+        lines.append(f"A message's mean latency, from an activation's send to the end of a receive that waited for it: "
                      f"{1000 * statistics.median(latencies):.0f} µs (the median over the rows; "
                      f"{1000 * min(latencies):.0f} to {1000 * max(latencies):.0f}).")
     return bullets(lines)
