@@ -96,7 +96,8 @@ cluster-tools:
 # the log names the slowest tests (the whole run, installs included, is to stay under 20
 # minutes: 25-29 minutes in November 2026, 23:44 from a clean clone on 2026-11-28; on
 # 2026-11-29, a faster day, 13:53, the tests 13:00, against 13:44 for the tests at 3566bf4;
-# 12:56 at b5700d7 the same evening, the tests 12:09; CI took 849 s at 5ddbcbe).
+# 12:56 at b5700d7 the same evening, the tests 12:09; CI took 849 s at 5ddbcbe; 14:23 at
+# b3b9b0d, the tests 13:34, 1014 passed).
 # Two workers, not three: a third (a lane for the files that mostly wait) took the same suite
 # from 24:16 to 30:30 here, the simulated devices' programs and the MPI ranks slowing each
 # other more than the idle fifth of the cores it filled was worth (again on 2026-11-29, with
