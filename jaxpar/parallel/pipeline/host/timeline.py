@@ -33,7 +33,7 @@ import numpy as np
 from jax.experimental import io_callback
 
 from jaxpar.parallel.pipeline.device_program import stamp_marks
-from jaxpar.parallel.pipeline.schedules import FORWARD, Action, Recv, Schedule, Send, timing
+from jaxpar.parallel.pipeline.schedules import FORWARD, Action, Schedule, Send, timed_bubble, timed_idle
 from jaxpar.parallel.transport import addresses
 
 
@@ -181,38 +181,38 @@ def stamped_summary(schedule: Schedule, lowered, ms: np.ndarray, one_clock: bool
     each action's mean time (`action_ms`, by kind and stage) and each device's median wait for
     messages a step (`receive_ms`); on one clock also the middle step's events, a message's
     latency (`latency_ms`: the mean time from an activation's send to its receive's end, over
-    receives that began before it was sent; gradients cross the same links) and the bubble as the steps lived it (`idle_ms`: a step's
-    span from its first action's start on any device to its last's end, less a device's mean
-    time in actions; the median over steps). Beside it the table's (`idle_ms_timed`, and as a
-    share `bubble_timed`): each step's table replayed with that step's own action times and
-    the latency, the median over steps. Mean times would not do: with next to no bubble in
-    its table (ZBV), a step idles mostly where its actions' times vary, which their means hide."""
-    took, sent, received, waits = _read(lowered, ms)
+    receives that began before it was sent; gradients cross the same links) and the bubble as
+    the steps lived it (`idle_ms`: a step's span from its first action's start on any device
+    to its last's end, less a device's mean time in actions; the median over steps). Beside
+    it the table's (`idle_ms_timed`, and as a share `bubble_timed`): each step's table
+    replayed with that step's own action times and the latency, the median over steps. Mean
+    times would not do: with next to no bubble in its table (ZBV), a step idles mostly where
+    its actions' times vary, which their means hide."""
+    acted, sent, received, waits = _read(lowered, ms)
     by_kind: dict[tuple, list] = {}
-    for a, times in took.items():
-        by_kind.setdefault((a.kind, a.stage), []).extend(times)
+    for a, (starts, ends) in acted.items():
+        by_kind.setdefault((a.kind, a.stage), []).extend(ends - starts)
     latency_s = _latency_ms(sent, received) / 1000 if one_clock else 0.0
-    timed = [timing.replay(replayed, {a: float(t[k]) / 1000 for a, t in took.items()}, latency_s)
-             for k in range(len(ms))]
-    S, middle = schedule.devices, len(ms) // 2
+    each_step = [{a: float(ends[k] - starts[k]) / 1000 for a, (starts, ends) in acted.items()} for k in range(len(ms))]
+    middle = len(ms) // 2
     return {"stamped": "in the step's programs", "one_clock": one_clock, "steps": len(ms),
             "events": ([e for d, ops in enumerate(lowered)
                         for e in program_events(ops, d, ms[middle, d], float(np.nanmin(ms[middle])))]
                        if one_clock else None),
             "action_ms": {f"{kind}{stage}": float(np.mean(v)) for (kind, stage), v in sorted(by_kind.items())},
             "receive_ms": waits, "latency_ms": 1000 * latency_s if one_clock else None,
-            "idle_ms": _lived_idle_ms(lowered, ms, took, S) if one_clock else None,
-            "idle_ms_timed": 1000 * float(np.median([span - busy / S for span, busy in timed])),
-            "bubble_timed": float(np.median([1 - busy / (S * span) for span, busy in timed]))}
+            "idle_ms": _lived_idle_ms(acted, schedule.devices) if one_clock else None,
+            "idle_ms_timed": 1000 * float(np.median([timed_idle(replayed, t, latency_s) for t in each_step])),
+            "bubble_timed": float(np.median([timed_bubble(replayed, t, latency_s) for t in each_step]))}
 
 
 def _read(lowered, ms: np.ndarray):
-    """From the stamps (ms, per step): each action's time, each activation's send and each
-    message's receive (start and end), and each device's median wait in receives a step."""
-    took, sent, received, waits = {}, {}, {}, []
+    """From the stamps (ms, per step): each action's start and end, each activation's send,
+    each message's receive (start and end), and each device's median wait in receives a step."""
+    acted, sent, received, waits = {}, {}, {}, []
     for d, ops in enumerate(lowered):
-        stamped_ops = [op for op in ops if not isinstance(op, Send)]
-        starts, ends = ms[:, d, 0:2 * len(stamped_ops):2], ms[:, d, 1:2 * len(stamped_ops):2]
+        starts, ends = ms[:, d, 0::2], ms[:, d, 1::2]  # by stamped op (actions and receives)
+        waited = np.zeros(len(ms))
         j, previous = -1, None
         for op in ops:
             if isinstance(op, Send):
@@ -225,30 +225,28 @@ def _read(lowered, ms: np.ndarray):
                 continue
             j, previous = j + 1, op
             if isinstance(op, Action):
-                took[op] = ends[:, j] - starts[:, j]
+                acted[op] = (starts[:, j], ends[:, j])
             else:
                 received[op.message] = (starts[:, j], ends[:, j])
-        receives = [j for j, op in enumerate(stamped_ops) if isinstance(op, Recv)]
-        waits.append(float(np.median((ends[:, receives] - starts[:, receives]).sum(axis=1))))
-    return took, sent, received, waits
+                waited += ends[:, j] - starts[:, j]
+        waits.append(float(np.median(waited)))
+    return acted, sent, received, waits
 
 
 def _latency_ms(sent: dict, received: dict) -> float:
     """The mean time from a message's send (of those in `sent`) to the end of a receive that
-    began before it (that waited for it); 0 where none did. The mean, not the median: each delay on the critical
-    path adds to the step, and a few are long (a rank woken late: ZBV's median was a quarter
-    of its mean)."""
+    began before it (that waited for it); 0 where none did. The mean, not the median: each
+    delay on the critical path adds to the step, and a few are long (a rank woken late:
+    ZBV's median was a quarter of its mean)."""
     late = [end - at for m, (started, ended) in received.items() if m in sent
             for start, end, at in zip(started, ended, sent[m]) if start < at]
     return float(np.mean(late)) if late else 0.0
 
 
-def _lived_idle_ms(lowered, ms: np.ndarray, took: dict, devices: int) -> float:
+def _lived_idle_ms(acted: dict, devices: int) -> float:
     """The median over steps of a step's span of actions (its first's start on any device to
     its last's end) less a device's mean time in actions."""
-    starts = {d: [2 * j for j, op in enumerate(o for o in ops if not isinstance(o, Send)) if isinstance(op, Action)]
-              for d, ops in enumerate(lowered)}
-    first = np.min([ms[:, d, cols].min(axis=1) for d, cols in starts.items()], axis=0)
-    last = np.max([ms[:, d, [c + 1 for c in cols]].max(axis=1) for d, cols in starts.items()], axis=0)
-    return float(np.median(last - first - sum(took.values()) / devices))
-
+    first = np.min([starts for starts, _ in acted.values()], axis=0)
+    last = np.max([ends for _, ends in acted.values()], axis=0)
+    busy = sum(ends - starts for starts, ends in acted.values())
+    return float(np.median(last - first - busy / devices))
