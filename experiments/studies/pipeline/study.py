@@ -314,8 +314,10 @@ def run(config: PipelineConfig) -> list[Path]:
               f"theory={r['theory']:.3f} peak_in_flight={r['peak_in_flight']:3d}  {tput}", flush=True)
     for r in result_ranks:
         print(f"{r['schedule']:16s} on {r['ranks']} ranks M={r['M']}: {r['step_ms']:7.1f} ms, "
-              f"{r['to_1f1b']:.3f} of 1F1B's step (median of {len(r['step_ms_rounds'])} rounds); a rank "
-              f"idles {r['idle_ms']:.2f} ms a step, its table replayed {r['idle_ms_replayed']:.2f} ms", flush=True)
+              f"{r['to_1f1b']:.3f} of 1F1B's step (median of {len(r['step_ms_rounds'])} rounds)"
+              + ("" if r["idle_ms"] is None else  # walked from the host: no stamps in the step
+                 f"; a rank idles {r['idle_ms']:.2f} ms a step, its table replayed {r['idle_ms_replayed']:.2f} ms"),
+              flush=True)
     if single["images_per_sec"]:
         print(f"single on 1 device, batch {config.batch_size}: {single['images_per_sec']:,.0f} img/s "
               f"{single['step_ms']:.1f} ms", flush=True)
